@@ -1,0 +1,214 @@
+// block_pool.cpp — segments, blocks, best-fit reuse and merging (see block_pool.hpp).
+#include "block_pool.hpp"
+
+#include <limits>
+
+namespace tagmem {
+namespace {
+
+std::size_t round_up(std::size_t v, std::size_t to) { return (v + to - 1) / to * to; }
+
+}  // namespace
+
+bool block_pool::by_size::operator()(const block* a, const block* b) const {
+  if (a->stream != b->stream) return std::less<CUstream>()(a->stream, b->stream);
+  if (a->size != b->size) return a->size < b->size;
+  return a->ptr < b->ptr;
+}
+
+block_pool::block_pool(vm_arena& arena, const config& cfg) : arena_(arena), cfg_(cfg) {}
+
+block_pool::~block_pool() {
+  for (auto& [base, s] : segments_) {
+    for (block* b = s->first; b;) {
+      block* next = b->next;
+      delete b;
+      b = next;
+    }
+    delete s;
+  }
+}
+
+block* block_pool::take_free(std::size_t size, CUstream stream, bool small) {
+  free_set& set = small ? free_small_ : free_large_;
+  block key;
+  key.stream = stream;
+  key.size = size;
+  auto it = set.lower_bound(&key);
+  if (it == set.end() || (*it)->stream != stream) {
+    // Note [stream-ordered reuse]: the best fit among the other streams' cached blocks.
+    it = set.end();
+    for (auto s = set.begin(); s != set.end();) {
+      CUstream other = (*s)->stream;
+      key.stream = other;
+      key.size = size;
+      key.ptr = 0;
+      auto fit = set.lower_bound(&key);
+      if (fit != set.end() && (*fit)->stream == other && other != stream &&
+          (it == set.end() || (*fit)->size < (*it)->size)) {
+        it = fit;
+      }
+      key.size = std::numeric_limits<std::size_t>::max();
+      key.ptr = std::numeric_limits<CUdeviceptr>::max();
+      s = set.upper_bound(&key);
+    }
+    if (it == set.end()) return nullptr;
+    arena_.dev().order_after(stream, (*it)->stream);
+  }
+  block* b = *it;
+  set.erase(it);
+  b->stream = stream;
+  return b;
+}
+
+block* block_pool::new_segment(std::size_t size, bool small) {
+  const std::size_t gran = arena_.dev().granularity();
+  std::size_t seg_size = small                  ? cfg_.chunk_bytes
+                         : size <= medium_limit ? round_up(cfg_.large_segment_bytes, gran)
+                                                : round_up(size, gran);
+  CUdeviceptr va = arena_.allocate_va(seg_size);
+  try {
+    arena_.map_new(va, seg_size);
+  } catch (...) {
+    arena_.free_va(va, seg_size);
+    throw;
+  }
+  auto* s = new segment();
+  auto* b = new block();
+  s->base = va;
+  s->size = seg_size;
+  s->small = small;
+  s->first = b;
+  b->ptr = va;
+  b->size = seg_size;
+  b->seg = s;
+  segments_.emplace(va, s);
+  totals_.reserved_bytes += seg_size;
+  return b;
+}
+
+block* block_pool::split(block* b, std::size_t size) {
+  std::size_t rest = b->size - size;
+  bool worth = b->seg->small ? rest >= alignment : rest > small_limit;
+  if (!worth) return b;
+  auto* r = new block();
+  r->ptr = b->ptr + size;
+  r->size = rest;
+  r->stream = b->stream;
+  r->seg = b->seg;
+  r->prev = b;
+  r->next = b->next;
+  if (b->next) b->next->prev = r;
+  b->next = r;
+  b->size = size;
+  (b->seg->small ? free_small_ : free_large_).insert(r);
+  return b;
+}
+
+block* block_pool::allocate(std::size_t size, CUstream stream) {
+  std::size_t rounded = round_up(size, alignment);
+  bool small = rounded <= small_limit;
+  block* b = take_free(rounded, stream, small);
+  if (!b) {
+    b = new_segment(rounded, small);
+    b->stream = stream;
+  }
+  split(b, rounded);
+  b->allocated = true;
+  b->requested = size;
+  b->seg->live++;
+  live_.emplace(b->ptr, b);
+  totals_.allocated_bytes += b->size;
+  totals_.requested_bytes += size;
+  totals_.live_allocations++;
+  return b;
+}
+
+block* block_pool::find_live(CUdeviceptr ptr) const {
+  auto it = live_.find(ptr);
+  return it == live_.end() ? nullptr : it->second;
+}
+
+block* block_pool::find_containing(CUdeviceptr address) const {
+  auto it = segments_.upper_bound(address);
+  if (it == segments_.begin()) return nullptr;
+  const segment* s = std::prev(it)->second;
+  if (address - s->base >= s->size) return nullptr;
+  for (block* b = s->first; b; b = b->next) {
+    if (address - b->ptr < b->size) return b->allocated ? b : nullptr;
+  }
+  return nullptr;
+}
+
+void block_pool::free(block* b, CUstream stream) {
+  live_.erase(b->ptr);
+  totals_.allocated_bytes -= b->size;
+  totals_.requested_bytes -= b->requested;
+  totals_.live_allocations--;
+  b->allocated = false;
+  b->requested = 0;
+  b->stream = stream;
+  b->seg->live--;
+  merge_free(b);
+}
+
+void block_pool::merge_free(block* b) {
+  free_set& set = b->seg->small ? free_small_ : free_large_;
+  auto mergeable = [&](block* n) { return n && !n->allocated && n->stream == b->stream; };
+  if (mergeable(b->prev)) {
+    block* p = b->prev;
+    set.erase(p);
+    p->size += b->size;
+    p->next = b->next;
+    if (b->next) b->next->prev = p;
+    delete b;
+    b = p;
+  }
+  if (mergeable(b->next)) {
+    block* n = b->next;
+    set.erase(n);
+    b->size += n->size;
+    b->next = n->next;
+    if (n->next) n->next->prev = b;
+    delete n;
+  }
+  set.insert(b);
+}
+
+void block_pool::erase_segment(segment* s) {
+  free_set& set = s->small ? free_small_ : free_large_;
+  for (block* b = s->first; b;) {
+    block* next = b->next;
+    set.erase(b);
+    delete b;
+    b = next;
+  }
+  totals_.reserved_bytes -= s->size;
+  segments_.erase(s->base);
+  delete s;
+}
+
+std::size_t block_pool::release_cached() {
+  std::size_t released = 0;
+  auto& maps = arena_.mappings();
+  for (auto it = maps.begin(); it != maps.end();) {
+    const CUdeviceptr va = it->first;
+    const std::size_t size = it->second.size;
+    ++it;  // the record may be erased below
+    auto first = segments_.lower_bound(va);
+    auto last = segments_.lower_bound(va + size);
+    bool idle = true;
+    for (auto s = first; s != last && idle; ++s) idle = s->second->live == 0;
+    if (!idle) continue;
+    arena_.unmap(va);  // throws with nothing changed
+    meta_vector<segment*> doomed;
+    for (auto s = first; s != last; ++s) doomed.push_back(s->second);
+    for (segment* s : doomed) erase_segment(s);
+    arena_.forget(va);
+    arena_.free_va(va, size);
+    released += size;
+  }
+  return released;
+}
+
+}  // namespace tagmem

@@ -1,0 +1,287 @@
+// c_api.cpp — the C ABI (include/tagmem/tagmem.h) over the registry.
+//
+// Every entry point runs its body through `guarded`, which turns any exception into a status and
+// a thread-local message, so no C caller ever sees an exception or an abort. The registry is
+// created on first use (or by tagmem_init with a configuration) and destroyed by
+// tagmem_shutdown; a process-wide shared lock keeps shutdown from racing with other calls.
+#include <cstring>
+#include <mutex>
+#include <new>
+#include <shared_mutex>
+#include <string>
+
+#include "address_index.hpp"
+#include "driver/driver.hpp"
+#include "registry.hpp"
+#include "tag_scope.hpp"
+#include "tagmem/tagmem.h"
+
+namespace tagmem {
+namespace {
+
+std::shared_mutex g_lifetime;    // shared: any call; exclusive: init and shutdown
+registry* g_registry = nullptr;  // guarded by g_lifetime
+thread_local std::string t_last_error;
+
+tagmem_status record(tagmem_status code, const std::string& message) noexcept {
+  try {
+    t_last_error = message;
+  } catch (...) {
+  }
+  return code;
+}
+
+// Runs `body` with the registry, creating it with defaults on first use.
+template <class F>
+tagmem_status guarded(F&& body) noexcept {
+  try {
+    for (;;) {
+      {
+        std::shared_lock lock(g_lifetime);
+        if (g_registry) {
+          body(*g_registry);
+          return TAGMEM_SUCCESS;
+        }
+      }
+      std::unique_lock lock(g_lifetime);
+      if (!g_registry) g_registry = new registry(make_config(nullptr));
+    }
+  } catch (const error& e) {
+    return record(e.code(), e.what());
+  } catch (const std::bad_alloc&) {
+    return record(TAGMEM_ERROR_HOST_OUT_OF_MEMORY, "out of host memory for tagmem's records");
+  } catch (const std::exception& e) {
+    return record(TAGMEM_ERROR_INTERNAL, std::string("internal error: ") + e.what());
+  } catch (...) {
+    return record(TAGMEM_ERROR_INTERNAL, "internal error: unknown exception");
+  }
+}
+
+template <class F>
+tagmem_status guarded_plain(F&& body) noexcept {
+  try {
+    body();
+    return TAGMEM_SUCCESS;
+  } catch (const error& e) {
+    return record(e.code(), e.what());
+  } catch (...) {
+    return record(TAGMEM_ERROR_INTERNAL, "internal error");
+  }
+}
+
+void expect_non_null(const void* p, const char* what) {
+  TAGMEM_EXPECTS(p != nullptr, TAGMEM_ERROR_INVALID_ARGUMENT, std::string(what) + " is NULL");
+}
+
+void malloc_in(registry& r, void** ptr, std::size_t size, const char* name, int device,
+               tagmem_stream stream) {
+  expect_non_null(ptr, "ptr");
+  *ptr = nullptr;
+  check_tag_name(name);
+  *ptr = r.allocate(size, name, r.resolve_device(device), stream);
+}
+
+}  // namespace
+}  // namespace tagmem
+
+using namespace tagmem;
+
+extern "C" {
+
+void tagmem_config_init(tagmem_config* config) {
+  if (!config) return;
+  std::memset(config, 0, sizeof(*config));
+  config->struct_size = sizeof(*config);
+}
+
+tagmem_status tagmem_init(const tagmem_config* config) {
+  return guarded_plain([&] {
+    tagmem::config cfg = make_config(config);
+    std::unique_lock lock(g_lifetime);
+    TAGMEM_EXPECTS(!g_registry, TAGMEM_ERROR_INVALID_ARGUMENT,
+                   "tagmem is already initialised; call tagmem_shutdown() first");
+    g_registry = new registry(cfg);
+  });
+}
+
+tagmem_status tagmem_shutdown(void) {
+  return guarded_plain([] {
+    std::unique_lock lock(g_lifetime);
+    delete g_registry;
+    g_registry = nullptr;
+  });
+}
+
+const char* tagmem_last_error(void) { return t_last_error.c_str(); }
+
+const char* tagmem_status_string(tagmem_status status) {
+  switch (status) {
+#define TAGMEM_NAME(s) \
+  case s:              \
+    return #s;
+    TAGMEM_NAME(TAGMEM_SUCCESS)
+    TAGMEM_NAME(TAGMEM_ERROR_INVALID_ARGUMENT)
+    TAGMEM_NAME(TAGMEM_ERROR_UNKNOWN_TAG)
+    TAGMEM_NAME(TAGMEM_ERROR_TAG_OFFLOADED)
+    TAGMEM_NAME(TAGMEM_ERROR_TAG_RESIDENT)
+    TAGMEM_NAME(TAGMEM_ERROR_UNKNOWN_POINTER)
+    TAGMEM_NAME(TAGMEM_ERROR_OUT_OF_MEMORY)
+    TAGMEM_NAME(TAGMEM_ERROR_HOST_OUT_OF_MEMORY)
+    TAGMEM_NAME(TAGMEM_ERROR_DRIVER)
+    TAGMEM_NAME(TAGMEM_ERROR_NO_DRIVER)
+    TAGMEM_NAME(TAGMEM_ERROR_SCOPE_EMPTY)
+    TAGMEM_NAME(TAGMEM_ERROR_PEER)
+    TAGMEM_NAME(TAGMEM_ERROR_TIMEOUT)
+    TAGMEM_NAME(TAGMEM_ERROR_INTERNAL)
+#undef TAGMEM_NAME
+  }
+  return "TAGMEM_UNKNOWN_STATUS";
+}
+
+tagmem_status tagmem_push_tag(const char* tag) {
+  return guarded_plain([&] { push_tag(tag); });
+}
+
+tagmem_status tagmem_pop_tag(void) {
+  return guarded_plain([] { pop_tag(); });
+}
+
+const char* tagmem_current_tag(void) { return current_tag(); }
+
+tagmem_status tagmem_malloc(void** ptr, size_t size, int device, tagmem_stream stream) {
+  return guarded([&](registry& r) { malloc_in(r, ptr, size, current_tag(), device, stream); });
+}
+
+tagmem_status tagmem_malloc_tagged(void** ptr, size_t size, const char* tag, int device,
+                                   tagmem_stream stream) {
+  return guarded([&](registry& r) { malloc_in(r, ptr, size, tag, device, stream); });
+}
+
+tagmem_status tagmem_free(void* ptr, tagmem_stream stream) {
+  return guarded([&](registry&) {
+    auto address = reinterpret_cast<CUdeviceptr>(ptr);
+    tagmem::tag* t = global_address_index().find(address);
+    TAGMEM_EXPECTS(t, TAGMEM_ERROR_UNKNOWN_POINTER,
+                   "tagmem_free: " + std::to_string(address) + " was not allocated by tagmem");
+    std::lock_guard lock(t->mutex());
+    block* b = t->pool().find_live(address);
+    TAGMEM_EXPECTS(b, TAGMEM_ERROR_UNKNOWN_POINTER,
+                   "tagmem_free: " + std::to_string(address) + " in tag '" + t->name() +
+                       "' is not a live allocation (already freed, or not its start)");
+    t->pool().free(b, stream);
+    t->counters().free_count++;
+  });
+}
+
+tagmem_status tagmem_pointer_info(const void* ptr, char* tag, size_t tag_len, int* device,
+                                  void** base, size_t* size) {
+  return guarded([&](registry&) {
+    auto address = reinterpret_cast<CUdeviceptr>(ptr);
+    tagmem::tag* t = global_address_index().find(address);
+    TAGMEM_EXPECTS(t, TAGMEM_ERROR_UNKNOWN_POINTER, "pointer was not allocated by tagmem");
+    std::lock_guard lock(t->mutex());
+    block* b = t->pool().find_containing(address);
+    TAGMEM_EXPECTS(b, TAGMEM_ERROR_UNKNOWN_POINTER, "pointer is not inside a live allocation");
+    if (tag && tag_len) {
+      std::strncpy(tag, t->name(), tag_len - 1);
+      tag[tag_len - 1] = '\0';
+    }
+    if (device) *device = t->dev().ordinal();
+    if (base) *base = reinterpret_cast<void*>(b->ptr);
+    if (size) *size = b->requested;
+  });
+}
+
+tagmem_status tagmem_offload(const char* const* tags, size_t count, int device,
+                             tagmem_offload_mode mode) {
+  return guarded([&](registry& r) { r.offload(tags, count, r.resolve_device(device), mode); });
+}
+
+tagmem_status tagmem_reload(const char* const* tags, size_t count, int device) {
+  return guarded([&](registry& r) { r.reload(tags, count, r.resolve_device(device)); });
+}
+
+tagmem_status tagmem_swap(const char* const* out_tags, size_t out_count, const char* const* in_tags,
+                          size_t in_count, int device, tagmem_offload_mode mode) {
+  return guarded([&](registry& r) {
+    int d = r.resolve_device(device);
+    // Check both lists before acting.
+    for (std::size_t i = 0; i < out_count; ++i) {
+      tagmem::tag& t = r.get(d, out_tags[i]);
+      std::lock_guard lock(t.mutex());
+      TAGMEM_EXPECTS(!t.offloaded() || t.partial(), TAGMEM_ERROR_TAG_OFFLOADED,
+                     std::string("tag '") + t.name() + "' is already offloaded");
+    }
+    for (std::size_t i = 0; i < in_count; ++i) {
+      tagmem::tag& t = r.get(d, in_tags[i]);
+      std::lock_guard lock(t.mutex());
+      TAGMEM_EXPECTS(t.offloaded(), TAGMEM_ERROR_TAG_RESIDENT,
+                     std::string("tag '") + t.name() + "' is resident; nothing to reload");
+      for (std::size_t j = 0; j < out_count; ++j) {
+        TAGMEM_EXPECTS(std::strcmp(in_tags[i], out_tags[j]) != 0, TAGMEM_ERROR_INVALID_ARGUMENT,
+                       std::string("tag '") + in_tags[i] + "' is in both lists");
+      }
+    }
+    r.offload(out_tags, out_count, d, mode);
+    r.reload(in_tags, in_count, d);
+  });
+}
+
+tagmem_status tagmem_empty_cache(int device) {
+  return guarded([&](registry& r) { r.empty_cache(r.resolve_device(device)); });
+}
+
+tagmem_status tagmem_host_reserve(size_t bytes, int wait) {
+  return guarded([&](registry& r) { r.store().reserve(bytes, wait != 0); });
+}
+
+tagmem_status tagmem_host_trim(size_t keep_bytes) {
+  return guarded([&](registry& r) { r.store().trim(keep_bytes); });
+}
+
+tagmem_status tagmem_tag_stats_get(const char* tag, int device, tagmem_tag_stats* out) {
+  return guarded([&](registry& r) {
+    expect_non_null(out, "out");
+    tagmem::tag& t = r.get(r.resolve_device(device), tag);
+    std::lock_guard lock(t.mutex());
+    *out = t.stats();
+  });
+}
+
+tagmem_status tagmem_device_stats_get(int device, tagmem_device_stats* out) {
+  return guarded([&](registry& r) {
+    expect_non_null(out, "out");
+    int d = r.resolve_device(device);
+    tagmem_device_stats s{};
+    for (tagmem::tag* t : r.tags(d)) {
+      std::lock_guard lock(t->mutex());
+      tagmem_tag_stats ts = t->stats();
+      s.allocated_bytes += ts.allocated_bytes;
+      s.reserved_bytes += ts.reserved_bytes;
+      s.mapped_bytes += ts.mapped_bytes;
+      s.tags++;
+    }
+    r.dev(d).memory_info(&s.device_free_bytes, &s.device_total_bytes);
+    host_store_stats hs = r.store().stats();
+    s.host_pinned_bytes = hs.pinned_bytes;
+    s.host_pinned_high_water = hs.high_water;
+    s.host_used_bytes = hs.used_bytes;
+    *out = s;
+  });
+}
+
+tagmem_status tagmem_list_tags(int device, char (*names)[TAGMEM_MAX_TAG_NAME + 1], size_t capacity,
+                               size_t* count) {
+  return guarded([&](registry& r) {
+    expect_non_null(count, "count");
+    TAGMEM_EXPECTS(names || capacity == 0, TAGMEM_ERROR_INVALID_ARGUMENT, "names is NULL");
+    auto list = r.tags(r.resolve_device(device));
+    for (std::size_t i = 0; i < list.size() && i < capacity; ++i) {
+      std::strncpy(names[i], list[i]->name(), TAGMEM_MAX_TAG_NAME);
+      names[i][TAGMEM_MAX_TAG_NAME] = '\0';
+    }
+    *count = list.size();
+  });
+}
+
+}  // extern "C"

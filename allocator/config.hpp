@@ -1,0 +1,29 @@
+// config.hpp — the settings tagmem runs with, from tagmem_config and TAGMEM_* variables.
+//
+// A field set in tagmem_config wins; a zero field takes the environment variable, then the
+// default. Values are checked once at init (INVALID_ARGUMENT names the bad one).
+#pragma once
+
+#include <cstddef>
+
+#include "tagmem/tagmem.h"
+
+namespace tagmem {
+
+enum class metadata_allocator { mimalloc, system };
+
+struct config {
+  std::size_t chunk_bytes = 2ull << 20;           // small-request segments
+  std::size_t large_segment_bytes = 20ull << 20;  // segments for 1 MiB < request <= 10 MiB
+  std::size_t arena_bytes = 256ull << 30;         // VA reserved per tag, per reservation
+  std::size_t copy_piece_bytes = 64ull << 20;     // one offload/reload copy
+  std::size_t max_mapping_bytes = 1ull << 30;     // largest coalesced physical allocation
+  std::size_t host_slab_bytes = 256ull << 20;     // pinned host store grows by this at least
+  int copy_streams = 2;                           // per direction, per device
+  metadata_allocator metadata = metadata_allocator::mimalloc;  // TAGMEM_METADATA
+};
+
+// Builds the configuration; throws INVALID_ARGUMENT on a bad value.
+config make_config(const tagmem_config* user);
+
+}  // namespace tagmem

@@ -1,0 +1,121 @@
+// device.cpp — per-device context, properties, copy streams and events (see device.hpp).
+#include "device.hpp"
+
+#include "driver/driver.hpp"
+
+namespace tagmem {
+
+context_guard::context_guard(CUcontext ctx) {
+  TAGMEM_CU(cuCtxGetCurrent, &previous_);
+  if (previous_ != ctx) {
+    TAGMEM_CU(cuCtxSetCurrent, ctx);
+    switched_ = true;
+  }
+}
+
+context_guard::~context_guard() {
+  if (switched_) driver::api().cuCtxSetCurrent(previous_);
+}
+
+device::device(int ordinal, const config& cfg) : ordinal_(ordinal) {
+  int count = 0;
+  TAGMEM_CU(cuDeviceGetCount, &count);
+  TAGMEM_EXPECTS(ordinal >= 0 && ordinal < count, TAGMEM_ERROR_INVALID_ARGUMENT,
+                 "device " + std::to_string(ordinal) + " does not exist (" + std::to_string(count) +
+                     " devices)");
+  TAGMEM_CU(cuDeviceGet, &dev_, ordinal);
+  int vmm = 0;
+  TAGMEM_CU(cuDeviceGetAttribute, &vmm, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED,
+            dev_);
+  TAGMEM_EXPECTS(
+      vmm, TAGMEM_ERROR_DRIVER,
+      "device " + std::to_string(ordinal) + " does not support virtual memory management");
+  TAGMEM_CU(cuDevicePrimaryCtxRetain, &context_, dev_);
+  try {
+    context_guard guard(context_);
+    prop_.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop_.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    prop_.location.id = ordinal;
+    TAGMEM_CU(cuMemGetAllocationGranularity, &granularity_, &prop_,
+              CU_MEM_ALLOC_GRANULARITY_RECOMMENDED);
+    TAGMEM_EXPECTS(cfg.chunk_bytes % granularity_ == 0, TAGMEM_ERROR_INVALID_ARGUMENT,
+                   "chunk_bytes is not a multiple of the device's granularity " +
+                       std::to_string(granularity_));
+    access_.location = prop_.location;
+    access_.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    std::size_t free_bytes = 0;
+    TAGMEM_CU(cuMemGetInfo, &free_bytes, &total_bytes_);
+    for (int i = 0; i < cfg.copy_streams; ++i) {
+      CUstream s = nullptr;
+      TAGMEM_CU(cuStreamCreate, &s, CU_STREAM_NON_BLOCKING);
+      d2h_.push_back(s);
+      TAGMEM_CU(cuStreamCreate, &s, CU_STREAM_NON_BLOCKING);
+      h2d_.push_back(s);
+    }
+  } catch (...) {
+    for (CUstream s : d2h_) driver::api().cuStreamDestroy(s);
+    for (CUstream s : h2d_) driver::api().cuStreamDestroy(s);
+    driver::api().cuDevicePrimaryCtxRelease(dev_);
+    throw;
+  }
+}
+
+device::~device() {
+  const auto& api = driver::api();
+  CUcontext previous = nullptr;
+  api.cuCtxGetCurrent(&previous);
+  api.cuCtxSetCurrent(context_);
+  for (CUstream s : d2h_) api.cuStreamDestroy(s);
+  for (CUstream s : h2d_) api.cuStreamDestroy(s);
+  for (CUevent e : free_events_) api.cuEventDestroy(e);
+  api.cuCtxSetCurrent(previous == context_ ? context_ : previous);
+  api.cuDevicePrimaryCtxRelease(dev_);
+}
+
+void device::synchronize_copy_streams() {
+  for (CUstream s : d2h_) TAGMEM_CU(cuStreamSynchronize, s);
+  for (CUstream s : h2d_) TAGMEM_CU(cuStreamSynchronize, s);
+}
+
+CUevent device::acquire_event() {
+  {
+    std::lock_guard lock(events_mutex_);
+    if (!free_events_.empty()) {
+      CUevent e = free_events_.back();
+      free_events_.pop_back();
+      return e;
+    }
+  }
+  CUevent e = nullptr;
+  TAGMEM_CU(cuEventCreate, &e, CU_EVENT_DISABLE_TIMING);
+  return e;
+}
+
+void device::release_event(CUevent e) noexcept {
+  std::lock_guard lock(events_mutex_);
+  try {
+    free_events_.push_back(e);
+  } catch (...) {
+    driver::api().cuEventDestroy(e);
+  }
+}
+
+void device::order_after(CUstream waiter, CUstream producer) {
+  if (waiter == producer) return;
+  CUevent e = acquire_event();
+  try {
+    TAGMEM_CU(cuEventRecord, e, producer);
+    TAGMEM_CU(cuStreamWaitEvent, waiter, e, 0);
+  } catch (...) {
+    release_event(e);
+    throw;
+  }
+  release_event(e);  // a recorded event may be re-recorded once the wait is enqueued
+}
+
+void device::memory_info(std::size_t* free_bytes, std::size_t* total_bytes) {
+  context_guard guard(context_);
+  TAGMEM_CU(cuMemGetInfo, free_bytes, total_bytes);
+}
+
+}  // namespace tagmem

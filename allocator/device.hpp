@@ -1,0 +1,76 @@
+// device.hpp — what tagmem keeps per CUDA device: its primary context, allocation properties,
+// dedicated copy streams and a pool of events.
+//
+// tagmem works in each device's primary context (the one the CUDA runtime and PyTorch use), so
+// its streams and copies interoperate with the application's. context_guard makes that context
+// current for the calling thread and restores whatever was current before.
+#pragma once
+
+#include <cuda.h>
+
+#include <cstddef>
+#include <mutex>
+
+#include "config.hpp"
+#include "metadata_heap.hpp"
+
+namespace tagmem {
+
+class device {
+ public:
+  device(int ordinal, const config& cfg);  // retains the primary context; throws DRIVER
+  ~device();
+  device(const device&) = delete;
+  device& operator=(const device&) = delete;
+
+  int ordinal() const noexcept { return ordinal_; }
+  CUcontext context() const noexcept { return context_; }
+  std::size_t granularity() const noexcept { return granularity_; }
+  std::size_t total_bytes() const noexcept { return total_bytes_; }
+  const CUmemAllocationProp& allocation_prop() const noexcept { return prop_; }
+  const CUmemAccessDesc& access_desc() const noexcept { return access_; }
+
+  // Copy streams, `copy_streams` per direction (non-blocking, so the legacy default stream does
+  // not serialise them with the application's work).
+  CUstream d2h_stream(std::size_t i) const noexcept { return d2h_[i % d2h_.size()]; }
+  CUstream h2d_stream(std::size_t i) const noexcept { return h2d_[i % h2d_.size()]; }
+  std::size_t copy_stream_count() const noexcept { return d2h_.size(); }
+  void synchronize_copy_streams();  // throws DRIVER
+
+  // Events without timing, recycled; acquire throws DRIVER.
+  CUevent acquire_event();
+  void release_event(CUevent e) noexcept;
+
+  // Makes `waiter` wait for all work queued on `producer` so far. No-op when they are equal.
+  void order_after(CUstream waiter, CUstream producer);
+
+  // free and total device memory, as the driver reports them now.
+  void memory_info(std::size_t* free_bytes, std::size_t* total_bytes);
+
+ private:
+  int ordinal_;
+  CUdevice dev_ = 0;
+  CUcontext context_ = nullptr;
+  std::size_t granularity_ = 0;
+  std::size_t total_bytes_ = 0;
+  CUmemAllocationProp prop_{};
+  CUmemAccessDesc access_{};
+  meta_vector<CUstream> d2h_, h2d_;
+  std::mutex events_mutex_;
+  meta_vector<CUevent> free_events_;
+};
+
+// Makes a context current on this thread for the guard's lifetime.
+class context_guard {
+ public:
+  explicit context_guard(CUcontext ctx);
+  ~context_guard();
+  context_guard(const context_guard&) = delete;
+  context_guard& operator=(const context_guard&) = delete;
+
+ private:
+  CUcontext previous_ = nullptr;
+  bool switched_ = false;
+};
+
+}  // namespace tagmem

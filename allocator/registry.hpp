@@ -1,0 +1,64 @@
+// registry.hpp — the initialised library: configuration, devices, their tags, the host store.
+//
+// Lock order (never acquired in the other direction): registry::tags_mutex (shared) → tag
+// mutexes, taken in ascending address order when several are needed → host_store mutex.
+// The registry's own mutexes are never held while a tag operation runs a driver call that can
+// block for long, except the brief shared lock that finds tags. Tags are created on first use
+// and destroyed only by the registry's destructor (tagmem_shutdown), so tag pointers found
+// under a lock stay valid after it is released.
+#pragma once
+
+#include <memory>
+#include <shared_mutex>
+
+#include "config.hpp"
+#include "device.hpp"
+#include "host_store.hpp"
+#include "tag.hpp"
+
+namespace tagmem {
+
+class registry {
+ public:
+  explicit registry(const config& cfg);  // loads the driver; throws
+  ~registry();                           // releases everything
+
+  const config& cfg() const noexcept { return cfg_; }
+  host_store& store();
+
+  // Resolves TAGMEM_CURRENT_DEVICE and checks the ordinal.
+  int resolve_device(int ordinal);
+  device& dev(int ordinal);  // created on first use
+
+  // The tag, created on first use / nullptr or UNKNOWN_TAG when missing.
+  tag& get_or_create(int ordinal, const char* name);
+  tag* find(int ordinal, const char* name);
+  tag& get(int ordinal, const char* name);  // throws UNKNOWN_TAG
+  meta_vector<tag*> tags(int ordinal);
+
+  // Operations that span tags.
+  void* allocate(std::size_t size, const char* name, int ordinal, CUstream stream);
+  void offload(const char* const* names, std::size_t count, int ordinal, tagmem_offload_mode mode);
+  void reload(const char* const* names, std::size_t count, int ordinal);
+  std::size_t empty_cache(int ordinal);
+
+ private:
+  struct device_slot {
+    std::unique_ptr<device> dev;
+    std::shared_mutex tags_mutex;
+    meta_map<meta_string, tag*> tags;
+  };
+  device_slot& slot(int ordinal);
+  meta_vector<tag*> lookup_unique(const char* const* names, std::size_t count, int ordinal);
+
+  config cfg_;
+  int device_count_ = 0;
+  std::mutex devices_mutex_;  // creating devices and the store
+  meta_vector<std::unique_ptr<device_slot>> slots_;
+  std::unique_ptr<host_store> store_;
+};
+
+// Checks a tag name (non-empty, at most TAGMEM_MAX_TAG_NAME bytes, printable, no spaces).
+void check_tag_name(const char* name);
+
+}  // namespace tagmem

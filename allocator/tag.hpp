@@ -1,0 +1,78 @@
+// tag.hpp — one tag on one device: its arena, its sub-allocator, its offload state and counters.
+//
+// A tag is resident (every mapping mapped) or offloaded. Offload state lives per mapping
+// (vm_arena's `resident` flag) so that an offload interrupted by a driver failure leaves a
+// consistent record of which bytes are where (`partial_`), and a later offload or reload picks
+// up from there: nothing is lost. All members are guarded by mutex_, which callers hold across
+// every call into the tag.
+#pragma once
+
+#include <cstdint>
+#include <mutex>
+
+#include "block_pool.hpp"
+#include "host_store.hpp"
+#include "vm_arena.hpp"
+
+namespace tagmem {
+
+// Where one range of an offloaded tag's bytes waits on the host.
+struct backup_piece {
+  CUdeviceptr dev = 0;
+  char* host = nullptr;
+  std::size_t bytes = 0;
+};
+
+struct tag_counters {
+  std::uint64_t alloc_count = 0;
+  std::uint64_t free_count = 0;
+  std::uint64_t offload_count = 0;
+  std::uint64_t reload_count = 0;
+  std::uint64_t bytes_offloaded = 0;
+  std::uint64_t bytes_reloaded = 0;
+};
+
+class tag : public meta_object {
+ public:
+  tag(device& dev, const config& cfg, const char* name);
+  ~tag() = default;
+  tag(const tag&) = delete;
+  tag& operator=(const tag&) = delete;
+
+  const char* name() const noexcept { return name_.c_str(); }
+  device& dev() noexcept { return dev_; }
+  std::mutex& mutex() noexcept { return mutex_; }
+
+  vm_arena& arena() noexcept { return arena_; }
+  block_pool& pool() noexcept { return pool_; }
+  tag_counters& counters() noexcept { return counters_; }
+
+  bool offloaded() const noexcept { return offloaded_; }
+  bool partial() const noexcept { return partial_; }  // offloaded, some mappings still resident
+  tagmem_offload_mode mode() const noexcept { return mode_; }
+  tagmem_tag_state state() const noexcept;
+
+  // Backup bookkeeping, used by the offload engine.
+  meta_vector<backup_piece>& pieces() noexcept { return pieces_; }
+  meta_vector<host_extent>& extents() noexcept { return extents_; }
+  std::size_t host_bytes() const noexcept;
+  void set_offloaded(tagmem_offload_mode mode, bool partial) noexcept;
+  void set_resident() noexcept;
+
+  tagmem_tag_stats stats() const;
+
+ private:
+  meta_string name_;
+  device& dev_;
+  std::mutex mutex_;
+  vm_arena arena_;
+  block_pool pool_;
+  tag_counters counters_;
+  bool offloaded_ = false;
+  bool partial_ = false;
+  tagmem_offload_mode mode_ = TAGMEM_BACKUP;
+  meta_vector<backup_piece> pieces_;  // sorted by device address
+  meta_vector<host_extent> extents_;  // host store extents the pieces live in
+};
+
+}  // namespace tagmem

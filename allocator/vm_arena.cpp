@@ -1,0 +1,147 @@
+// vm_arena.cpp — virtual ranges and physical mappings of one tag (see vm_arena.hpp).
+#include "vm_arena.hpp"
+
+#include "address_index.hpp"
+#include "driver/driver.hpp"
+
+namespace tagmem {
+
+CUmemGenericAllocationHandle map_physical(device& dev, CUdeviceptr va, std::size_t bytes) {
+  const auto& api = driver::api();
+  CUmemGenericAllocationHandle handle = 0;
+  TAGMEM_CU(cuMemCreate, &handle, bytes, &dev.allocation_prop(), 0);
+  CUresult r = api.cuMemMap(va, bytes, 0, handle, 0);
+  if (r != CUDA_SUCCESS) {
+    api.cuMemRelease(handle);
+    driver::throw_error(r, "cuMemMap");
+  }
+  r = api.cuMemSetAccess(va, bytes, &dev.access_desc(), 1);
+  if (r != CUDA_SUCCESS) {
+    api.cuMemUnmap(va, bytes);
+    api.cuMemRelease(handle);
+    driver::throw_error(r, "cuMemSetAccess");
+  }
+  return handle;
+}
+
+void unmap_physical(CUdeviceptr va, std::size_t bytes, CUmemGenericAllocationHandle handle) {
+  TAGMEM_CU(cuMemUnmap, va, bytes);
+  // Unmapped but not released would leak device memory; a failure here is reported but the
+  // mapping is gone either way.
+  TAGMEM_CU(cuMemRelease, handle);
+}
+
+vm_arena::vm_arena(device& dev, const config& cfg, tag* owner)
+    : dev_(dev), cfg_(cfg), owner_(owner) {}
+
+vm_arena::~vm_arena() {
+  const auto& api = driver::api();
+  for (auto& [va, m] : mappings_) {
+    if (!m.resident) continue;
+    api.cuMemUnmap(va, m.size);
+    api.cuMemRelease(m.handle);
+  }
+  for (const reservation& r : reservations_) {
+    global_address_index().remove(r.base);
+    api.cuMemAddressFree(r.base, r.size);
+  }
+}
+
+CUdeviceptr vm_arena::allocate_va(std::size_t bytes) {
+  TAGMEM_ASSERT(bytes % dev_.granularity() == 0);
+  for (auto it = free_va_.begin(); it != free_va_.end(); ++it) {
+    if (it->second < bytes) continue;
+    CUdeviceptr va = it->first;
+    std::size_t rest = it->second - bytes;
+    free_va_.erase(it);
+    if (rest) free_va_.emplace(va + bytes, rest);
+    return va;
+  }
+  std::size_t size = std::max(cfg_.arena_bytes, bytes);
+  size = (size + dev_.granularity() - 1) / dev_.granularity() * dev_.granularity();
+  CUdeviceptr hint =
+      reservations_.empty() ? 0 : reservations_.back().base + reservations_.back().size;
+  CUdeviceptr base = 0;
+  context_guard guard(dev_.context());
+  CUresult r = driver::api().cuMemAddressReserve(&base, size, dev_.granularity(), hint, 0);
+  if (r != CUDA_SUCCESS) {
+    fail(r == CUDA_ERROR_OUT_OF_MEMORY ? TAGMEM_ERROR_OUT_OF_MEMORY : TAGMEM_ERROR_DRIVER,
+         "cuMemAddressReserve of " + std::to_string(size) +
+             " bytes of virtual address space failed: " + driver::describe(r));
+  }
+  try {
+    reservations_.push_back({base, size});
+    global_address_index().add(base, size, owner_);
+  } catch (...) {
+    if (!reservations_.empty() && reservations_.back().base == base) reservations_.pop_back();
+    driver::api().cuMemAddressFree(base, size);
+    throw;
+  }
+  virtual_bytes_ += size;
+  if (size > bytes) free_va(base + bytes, size - bytes);
+  return base;
+}
+
+void vm_arena::free_va(CUdeviceptr va, std::size_t bytes) {
+  auto next = free_va_.lower_bound(va);
+  // Coalesce with the neighbours (only within a reservation: reservations may not be adjacent,
+  // and when they are, merging is harmless because both ranges are reserved by this arena).
+  if (next != free_va_.begin()) {
+    auto prev = std::prev(next);
+    if (prev->first + prev->second == va) {
+      va = prev->first;
+      bytes += prev->second;
+      free_va_.erase(prev);
+    }
+  }
+  if (next != free_va_.end() && va + bytes == next->first) {
+    bytes += next->second;
+    free_va_.erase(next);
+  }
+  free_va_.emplace(va, bytes);
+}
+
+void vm_arena::map_new(CUdeviceptr va, std::size_t bytes) {
+  auto [it, inserted] = mappings_.emplace(va, mapping{bytes, 0, false});
+  TAGMEM_ASSERT(inserted);
+  try {
+    context_guard guard(dev_.context());
+    it->second.handle = map_physical(dev_, va, bytes);
+  } catch (...) {
+    mappings_.erase(it);
+    throw;
+  }
+  it->second.resident = true;
+  mapped_bytes_ += bytes;
+}
+
+void vm_arena::unmap(CUdeviceptr va) {
+  auto it = mappings_.find(va);
+  TAGMEM_ASSERT(it != mappings_.end() && it->second.resident);
+  mapping& m = it->second;
+  context_guard guard(dev_.context());
+  CUresult r = driver::api().cuMemUnmap(va, m.size);
+  if (r != CUDA_SUCCESS) driver::throw_error(r, "cuMemUnmap");  // still mapped and resident
+  m.resident = false;
+  mapped_bytes_ -= m.size;
+  CUmemGenericAllocationHandle h = m.handle;
+  m.handle = 0;
+  TAGMEM_CU(cuMemRelease, h);
+}
+
+void vm_arena::forget(CUdeviceptr va) {
+  auto it = mappings_.find(va);
+  TAGMEM_ASSERT(it != mappings_.end() && !it->second.resident);
+  mappings_.erase(it);
+}
+
+void vm_arena::adopt(CUdeviceptr va, std::size_t bytes, CUmemGenericAllocationHandle handle) {
+  auto first = mappings_.lower_bound(va);
+  auto last = mappings_.lower_bound(va + bytes);
+  for (auto it = first; it != last; ++it) TAGMEM_ASSERT(!it->second.resident);
+  mappings_.erase(first, last);
+  mappings_.emplace(va, mapping{bytes, handle, true});
+  mapped_bytes_ += bytes;
+}
+
+}  // namespace tagmem

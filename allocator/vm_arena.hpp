@@ -1,0 +1,76 @@
+// vm_arena.hpp — one tag's virtual address space on one device, and the physical memory
+// mapped into it.
+//
+// The arena reserves large virtual ranges (config::arena_bytes each, more when full) and hands
+// out granularity-aligned pieces first-fit by address, so segments allocated one after another
+// sit next to each other and an offloaded tag reloads as a few large contiguous runs
+// (Note [reload coalescing] in offload_engine.cpp). Physical memory is tracked as mappings: one
+// cuMemCreate'd handle mapped at one address. A mapping is resident (mapped, with access) or
+// not (unmapped and released by an offload; its record stays so reload knows what to restore).
+#pragma once
+
+#include <cuda.h>
+
+#include <cstddef>
+
+#include "device.hpp"
+#include "metadata_heap.hpp"
+
+namespace tagmem {
+
+class tag;
+
+struct mapping {
+  std::size_t size = 0;
+  CUmemGenericAllocationHandle handle = 0;  // valid while resident
+  bool resident = false;
+};
+
+class vm_arena {
+ public:
+  vm_arena(device& dev, const config& cfg, tag* owner);
+  ~vm_arena();  // unmaps and releases everything, frees the reservations
+  vm_arena(const vm_arena&) = delete;
+  vm_arena& operator=(const vm_arena&) = delete;
+
+  // Virtual space: `bytes` must be a multiple of the granularity. Throws OUT_OF_MEMORY / DRIVER.
+  CUdeviceptr allocate_va(std::size_t bytes);
+  void free_va(CUdeviceptr va, std::size_t bytes);
+
+  // Creates physical memory of `bytes`, maps it at `va` and grants access; on failure nothing
+  // stays created or mapped. Records a resident mapping.
+  void map_new(CUdeviceptr va, std::size_t bytes);
+  // Unmaps and releases the resident mapping at `va`; the record stays, not resident.
+  void unmap(CUdeviceptr va);
+  // Forgets a mapping record (it must not be resident).
+  void forget(CUdeviceptr va);
+  // Replaces the non-resident records inside [va, va + bytes) with one resident mapping of
+  // `handle`, which the caller mapped there (reload coalescing).
+  void adopt(CUdeviceptr va, std::size_t bytes, CUmemGenericAllocationHandle handle);
+
+  meta_map<CUdeviceptr, mapping>& mappings() noexcept { return mappings_; }
+  std::size_t mapped_bytes() const noexcept { return mapped_bytes_; }
+  std::size_t virtual_bytes() const noexcept { return virtual_bytes_; }
+  device& dev() noexcept { return dev_; }
+
+ private:
+  struct reservation {
+    CUdeviceptr base;
+    std::size_t size;
+  };
+  device& dev_;
+  const config& cfg_;
+  tag* owner_;
+  meta_vector<reservation> reservations_;
+  meta_map<CUdeviceptr, std::size_t> free_va_;  // start -> length, coalesced
+  meta_map<CUdeviceptr, mapping> mappings_;     // start -> mapping
+  std::size_t mapped_bytes_ = 0;
+  std::size_t virtual_bytes_ = 0;
+};
+
+// The driver steps behind map_new()/unmap(), usable on their own by the offload engine.
+// map_physical creates, maps and grants access (rolling back on failure) and returns the handle.
+CUmemGenericAllocationHandle map_physical(device& dev, CUdeviceptr va, std::size_t bytes);
+void unmap_physical(CUdeviceptr va, std::size_t bytes, CUmemGenericAllocationHandle handle);
+
+}  // namespace tagmem

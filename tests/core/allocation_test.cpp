@@ -1,0 +1,159 @@
+// allocation_test.cpp — the caching sub-allocator seen through the C API: alignment, tags,
+// scopes, reuse, streams and empty_cache.
+#include <set>
+
+#include "test_support.hpp"
+
+namespace tagmem::test {
+namespace {
+
+class Allocation : public tagmem_test {};
+
+TEST_F(Allocation, AllocationsAreAlignedDistinctAndHoldTheirBytes) {
+  auto rng = rng_for_test();
+  std::vector<std::pair<void*, std::vector<unsigned char>>> live;
+  std::set<std::uintptr_t> starts;
+  for (int i = 0; i < 300; ++i) {
+    std::size_t size = 1 + rng() % (i % 10 == 0 ? (8u << 20) : 4096u);
+    void* p = nullptr;
+    TAGMEM_OK(tagmem_malloc_tagged(&p, size, "alloc", 0, nullptr));
+    ASSERT_EQ(reinterpret_cast<std::uintptr_t>(p) % 256, 0u);
+    ASSERT_TRUE(starts.insert(reinterpret_cast<std::uintptr_t>(p)).second);
+    live.emplace_back(p, random_bytes(rng, size));
+    write_device(p, live.back().second.data(), size);
+  }
+  for (auto& [p, bytes] : live) ASSERT_EQ(read_device(p, bytes.size()), bytes);
+  for (auto& [p, bytes] : live) TAGMEM_OK(tagmem_free(p, nullptr));
+}
+
+TEST_F(Allocation, AllocationLandsInTheCurrentTagAndScopesNest) {
+  EXPECT_STREQ(tagmem_current_tag(), TAGMEM_DEFAULT_TAG);
+  TAGMEM_OK(tagmem_push_tag("outer"));
+  TAGMEM_OK(tagmem_push_tag("inner"));
+  void* a = nullptr;
+  TAGMEM_OK(tagmem_malloc(&a, 1000, 0, nullptr));
+  TAGMEM_OK(tagmem_pop_tag());
+  void* b = nullptr;
+  TAGMEM_OK(tagmem_malloc(&b, 1000, 0, nullptr));
+  TAGMEM_OK(tagmem_pop_tag());
+  void* c = nullptr;
+  TAGMEM_OK(tagmem_malloc(&c, 1000, 0, nullptr));
+
+  char name[TAGMEM_MAX_TAG_NAME + 1];
+  void* base = nullptr;
+  std::size_t size = 0;
+  int dev = -5;
+  TAGMEM_OK(tagmem_pointer_info(static_cast<char*>(a) + 10, name, sizeof name, &dev, &base, &size));
+  EXPECT_STREQ(name, "inner");
+  EXPECT_EQ(dev, 0);
+  EXPECT_EQ(base, a);
+  EXPECT_EQ(size, 1000u);
+  TAGMEM_OK(tagmem_pointer_info(b, name, sizeof name, nullptr, nullptr, nullptr));
+  EXPECT_STREQ(name, "outer");
+  TAGMEM_OK(tagmem_pointer_info(c, name, sizeof name, nullptr, nullptr, nullptr));
+  EXPECT_STREQ(name, TAGMEM_DEFAULT_TAG);
+  for (void* p : {a, b, c}) TAGMEM_OK(tagmem_free(p, nullptr));
+}
+
+TEST_F(Allocation, SmallRequestsSharePhysicalChunks) {
+  std::vector<void*> ptrs(64);
+  for (void*& p : ptrs) TAGMEM_OK(tagmem_malloc_tagged(&p, 4000, "small", 0, nullptr));
+  tagmem_tag_stats s{};
+  TAGMEM_OK(tagmem_tag_stats_get("small", 0, &s));
+  EXPECT_EQ(s.mapped_bytes, 2u << 20);  // 64 x 4 KiB fit in one 2 MiB chunk
+  EXPECT_EQ(s.mappings, 1u);
+  EXPECT_EQ(s.live_allocations, 64u);
+  EXPECT_EQ(s.requested_bytes, 64u * 4000u);
+  EXPECT_EQ(s.allocated_bytes, 64u * 4096u);
+  for (void* p : ptrs) TAGMEM_OK(tagmem_free(p, nullptr));
+}
+
+TEST_F(Allocation, FreedBlocksAreReusedOnTheSameStream) {
+  void* a = nullptr;
+  TAGMEM_OK(tagmem_malloc_tagged(&a, 3 << 20, "reuse", 0, nullptr));
+  TAGMEM_OK(tagmem_free(a, nullptr));
+  void* b = nullptr;
+  TAGMEM_OK(tagmem_malloc_tagged(&b, 3 << 20, "reuse", 0, nullptr));
+  EXPECT_EQ(a, b);
+  tagmem_tag_stats s{};
+  TAGMEM_OK(tagmem_tag_stats_get("reuse", 0, &s));
+  EXPECT_EQ(s.mappings, 1u);
+  EXPECT_EQ(s.alloc_count, 2u);
+  EXPECT_EQ(s.free_count, 1u);
+  TAGMEM_OK(tagmem_free(b, nullptr));
+}
+
+TEST_F(Allocation, ReuseAcrossStreamsIsOrderedAfterTheFreeingStream) {
+  auto rng = rng_for_test();
+  const auto& api = driver_api_for_tests();
+  CUstream s1 = nullptr, s2 = nullptr;
+  ASSERT_EQ(api.cuStreamCreate(&s1, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+  ASSERT_EQ(api.cuStreamCreate(&s2, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+  const std::size_t n = 8 << 20;
+  auto first = random_bytes(rng, n);
+  auto second = random_bytes(rng, n);
+  std::vector<unsigned char> out(n);
+  void* a = nullptr;
+  TAGMEM_OK(tagmem_malloc_tagged(&a, n, "streams", 0, s1));
+  // Queue work on s1 that reads the block, then free it on s1 before that work has run.
+  ASSERT_EQ(api.cuMemcpyHtoDAsync(reinterpret_cast<CUdeviceptr>(a), first.data(), n, s1),
+            CUDA_SUCCESS);
+  ASSERT_EQ(api.cuMemcpyDtoHAsync(out.data(), reinterpret_cast<CUdeviceptr>(a), n, s1),
+            CUDA_SUCCESS);
+  TAGMEM_OK(tagmem_free(a, s1));
+  void* b = nullptr;
+  TAGMEM_OK(tagmem_malloc_tagged(&b, n, "streams", 0, s2));
+  EXPECT_EQ(a, b);  // reused across streams...
+  ASSERT_EQ(api.cuMemcpyHtoDAsync(reinterpret_cast<CUdeviceptr>(b), second.data(), n, s2),
+            CUDA_SUCCESS);
+  ASSERT_EQ(api.cuStreamSynchronize(s2), CUDA_SUCCESS);
+  ASSERT_EQ(api.cuStreamSynchronize(s1), CUDA_SUCCESS);
+  EXPECT_EQ(out, first);  // ...but s2's write came after s1's read
+  EXPECT_EQ(read_device(b, n), second);
+  TAGMEM_OK(tagmem_free(b, s2));
+  api.cuStreamDestroy(s1);
+  api.cuStreamDestroy(s2);
+}
+
+TEST_F(Allocation, EmptyCacheReturnsIdleChunksAndKeepsLiveOnes) {
+  auto rng = rng_for_test();
+  std::vector<void*> big(4);
+  for (void*& p : big) TAGMEM_OK(tagmem_malloc_tagged(&p, 32 << 20, "cache", 0, nullptr));
+  void* keep = nullptr;
+  TAGMEM_OK(tagmem_malloc_tagged(&keep, 5 << 20, "cache", 0, nullptr));
+  auto bytes = random_bytes(rng, 5 << 20);
+  write_device(keep, bytes.data(), bytes.size());
+  tagmem_tag_stats before{};
+  TAGMEM_OK(tagmem_tag_stats_get("cache", 0, &before));
+  std::size_t free_before = device_free_bytes();
+  for (void* p : big) TAGMEM_OK(tagmem_free(p, nullptr));
+  tagmem_tag_stats cached{};
+  TAGMEM_OK(tagmem_tag_stats_get("cache", 0, &cached));
+  EXPECT_EQ(cached.mapped_bytes, before.mapped_bytes);  // freed blocks stay cached
+  TAGMEM_OK(tagmem_empty_cache(0));
+  tagmem_tag_stats after{};
+  TAGMEM_OK(tagmem_tag_stats_get("cache", 0, &after));
+  EXPECT_EQ(after.mapped_bytes, before.mapped_bytes - 4 * (32u << 20));
+  EXPECT_EQ(after.reserved_bytes, after.mapped_bytes);
+  EXPECT_GE(device_free_bytes(), free_before + 4 * (32u << 20));
+  EXPECT_EQ(read_device(keep, bytes.size()), bytes);
+  TAGMEM_OK(tagmem_free(keep, nullptr));
+}
+
+TEST_F(Allocation, TagsAreListedPerDevice) {
+  void* a = nullptr;
+  void* b = nullptr;
+  TAGMEM_OK(tagmem_malloc_tagged(&a, 10, "list_a", 0, nullptr));
+  TAGMEM_OK(tagmem_malloc_tagged(&b, 10, "list_b", 0, nullptr));
+  char names[8][TAGMEM_MAX_TAG_NAME + 1];
+  std::size_t count = 0;
+  TAGMEM_OK(tagmem_list_tags(0, names, 8, &count));
+  ASSERT_EQ(count, 2u);
+  EXPECT_STREQ(names[0], "list_a");
+  EXPECT_STREQ(names[1], "list_b");
+  TAGMEM_OK(tagmem_free(a, nullptr));
+  TAGMEM_OK(tagmem_free(b, nullptr));
+}
+
+}  // namespace
+}  // namespace tagmem::test

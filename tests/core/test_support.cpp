@@ -1,0 +1,119 @@
+// test_support.cpp — fixture, device copies, randomness and emulator controls (see header).
+#include "test_support.hpp"
+
+#include <dlfcn.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+
+#include "driver/driver.hpp"
+
+namespace tagmem::test {
+namespace {
+
+CUcontext primary_context() {
+  static CUcontext ctx = [] {
+    CUdevice dev = 0;
+    CUcontext c = nullptr;
+    driver::check(driver::api().cuDeviceGet(&dev, 0), "cuDeviceGet");
+    driver::check(driver::api().cuDevicePrimaryCtxRetain(&c, dev), "cuDevicePrimaryCtxRetain");
+    return c;
+  }();
+  driver::check(driver::api().cuCtxSetCurrent(ctx), "cuCtxSetCurrent");
+  return ctx;
+}
+
+std::uint64_t run_seed() {
+  static std::uint64_t seed = [] {
+    const char* env = std::getenv("TAGMEM_TEST_SEED");
+    std::uint64_t s = env ? std::strtoull(env, nullptr, 10) : std::random_device{}();
+    std::fprintf(stderr, "[tagmem tests] TAGMEM_TEST_SEED=%llu\n",
+                 static_cast<unsigned long long>(s));
+    return s;
+  }();
+  return seed;
+}
+
+}  // namespace
+
+bool using_emulator() {
+  const char* lib = std::getenv("TAGMEM_LIBCUDA");
+  return lib && std::strstr(lib, "tagmem_emu") != nullptr;
+}
+
+std::mt19937_64 rng_for_test() {
+  const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+  std::string name = info ? std::string(info->test_suite_name()) + "." + info->name() : "";
+  return std::mt19937_64(run_seed() ^ std::hash<std::string>()(name));
+}
+
+std::vector<unsigned char> random_bytes(std::mt19937_64& rng, std::size_t n) {
+  std::vector<unsigned char> v(n);
+  std::size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    std::uint64_t x = rng();
+    std::memcpy(&v[i], &x, 8);
+  }
+  for (; i < n; ++i) v[i] = static_cast<unsigned char>(rng());
+  return v;
+}
+
+void write_device(void* dst, const void* src, std::size_t n) {
+  primary_context();
+  driver::check(driver::api().cuMemcpyHtoD(reinterpret_cast<CUdeviceptr>(dst), src, n),
+                "cuMemcpyHtoD");
+}
+
+void read_device(void* dst, const void* src, std::size_t n) {
+  primary_context();
+  driver::check(driver::api().cuMemcpyDtoH(dst, reinterpret_cast<CUdeviceptr>(src), n),
+                "cuMemcpyDtoH");
+}
+
+std::vector<unsigned char> read_device(const void* src, std::size_t n) {
+  std::vector<unsigned char> v(n);
+  read_device(v.data(), src, n);
+  return v;
+}
+
+std::size_t device_free_bytes(int device) {
+  tagmem_device_stats s{};
+  if (tagmem_device_stats_get(device, &s) != TAGMEM_SUCCESS) return 0;
+  return s.device_free_bytes;
+}
+
+std::size_t rss_bytes() {
+  std::ifstream statm("/proc/self/statm");
+  std::size_t pages_total = 0, pages_resident = 0;
+  statm >> pages_total >> pages_resident;
+  return pages_resident * static_cast<std::size_t>(sysconf(_SC_PAGESIZE));
+}
+
+const emulator_controls& emulator() {
+  static emulator_controls c = [] {
+    emulator_controls out{};
+    void* h = dlopen(std::getenv("TAGMEM_LIBCUDA"), RTLD_NOW | RTLD_NOLOAD);
+    if (!h) return out;
+    out.fail_call = reinterpret_cast<decltype(out.fail_call)>(dlsym(h, "tagmem_emu_fail_call"));
+    out.clear_faults =
+        reinterpret_cast<decltype(out.clear_faults)>(dlsym(h, "tagmem_emu_clear_faults"));
+    out.call_count = reinterpret_cast<decltype(out.call_count)>(dlsym(h, "tagmem_emu_call_count"));
+    return out;
+  }();
+  return c;
+}
+
+void tagmem_test::SetUp() {
+  ASSERT_EQ(tagmem_init(nullptr), TAGMEM_SUCCESS) << tagmem_last_error();
+  primary_context();
+}
+
+void tagmem_test::TearDown() {
+  if (using_emulator() && emulator().clear_faults) emulator().clear_faults();
+  EXPECT_EQ(tagmem_shutdown(), TAGMEM_SUCCESS) << tagmem_last_error();
+}
+
+}  // namespace tagmem::test

@@ -1,0 +1,79 @@
+// test_support.hpp — what the core suites share: a fixture that gives each test a fresh
+// tagmem, device copies through the driver table, random bytes, and the emulator's controls.
+//
+// The same binary runs against the emulated driver (TAGMEM_LIBCUDA names libtagmem_emu.so) and
+// the real one; tests reach device memory only through driver copies so they run unchanged on
+// both. Suites named Emulator* use what only the emulator offers (host-visible device memory,
+// RSS, fault injection) and are excluded from the GPU run by name, never skipped silently.
+#pragma once
+
+#include <cuda.h>
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "driver/driver.hpp"
+#include "tagmem/tagmem.h"
+
+namespace tagmem::test {
+
+// Fails the test with tagmem's message unless `s` is TAGMEM_SUCCESS.
+#define TAGMEM_OK(expr)                                                                \
+  do {                                                                                 \
+    tagmem_status s_ = (expr);                                                         \
+    ASSERT_EQ(s_, TAGMEM_SUCCESS) << #expr << ": " << tagmem_status_string(s_) << ": " \
+                                  << tagmem_last_error();                              \
+  } while (0)
+
+// Expects a given failure status and a non-empty message.
+#define TAGMEM_FAILS_WITH(expr, code)                                         \
+  do {                                                                        \
+    tagmem_status s_ = (expr);                                                \
+    EXPECT_EQ(s_, code) << #expr << " returned " << tagmem_status_string(s_); \
+    EXPECT_STRNE(tagmem_last_error(), "") << #expr;                           \
+  } while (0)
+
+bool using_emulator();
+
+// A generator seeded from the test's name and a per-run seed printed once (TAGMEM_TEST_SEED
+// overrides it) so a failure can be replayed.
+std::mt19937_64 rng_for_test();
+std::vector<unsigned char> random_bytes(std::mt19937_64& rng, std::size_t n);
+
+// Synchronous copies through the driver, with device 0's primary context current.
+void write_device(void* dst, const void* src, std::size_t n);
+void read_device(void* dst, const void* src, std::size_t n);
+std::vector<unsigned char> read_device(const void* src, std::size_t n);
+
+// The driver table tagmem loaded (valid once tagmem is initialised).
+inline const driver::table& driver_api_for_tests() { return driver::api(); }
+
+// Free device memory as the driver reports it.
+std::size_t device_free_bytes(int device = 0);
+
+// How far free device memory may move without tagmem doing anything: exact on the emulator; on
+// a real GPU the driver's own small allocations (streams, events) move it by up to 2 MiB.
+inline double free_memory_noise() { return using_emulator() ? 0.0 : double(2u << 20); }
+
+// Resident set size of this process, in bytes.
+std::size_t rss_bytes();
+
+// The emulator's control API (tests of Emulator* suites only).
+struct emulator_controls {
+  void (*fail_call)(const char* entry, std::uint64_t nth, CUresult error);
+  void (*clear_faults)();
+  std::uint64_t (*call_count)(const char* entry);
+};
+const emulator_controls& emulator();
+
+// Gives each test a freshly initialised tagmem and shuts it down afterwards.
+class tagmem_test : public ::testing::Test {
+ protected:
+  void SetUp() override;
+  void TearDown() override;
+};
+
+}  // namespace tagmem::test
