@@ -1,49 +1,107 @@
 // metadata_heap.cpp — mimalloc heaps for tagmem's records (see Note [metadata heap]).
 //
+// Note [private mimalloc]: Debian's libmimalloc.so.2 is built to override malloc and operator
+// new/delete. Linked as a dependency (DT_NEEDED) it would replace the allocator of any process
+// that loads tagmem wherever it lands in the global symbol scope, and a library loaded privately
+// (Python's ctypes) ends up mixing glibc's operator new with mimalloc's operator delete. So
+// tagmem never links it: it opens libmimalloc.so.2 (or TAGMEM_MIMALLOC_LIBRARY) with RTLD_LOCAL,
+// whose overriding symbols then stay private, and calls the five functions it needs through
+// pointers. Without the library, or with TAGMEM_METADATA=system, records go to malloc.
+//
 // A mimalloc heap may only allocate from the thread that created it, so each thread gets its own
 // private heap on first use; blocks may be freed from any thread. At thread exit the heap is
 // deleted, which hands its live blocks to that thread's default mimalloc heap (still mimalloc).
 #include "metadata_heap.hpp"
 
-#include <mimalloc.h>
+#include <dlfcn.h>
 
 #include <atomic>
 #include <cstdlib>
+#include <mutex>
 
 namespace tagmem {
 namespace {
 
-std::atomic<metadata_allocator> g_which{metadata_allocator::mimalloc};
+struct mi_heap_s;
+using mi_heap = mi_heap_s;
+
+struct mimalloc_api {
+  mi_heap* (*heap_new)() = nullptr;
+  void (*heap_delete)(mi_heap*) = nullptr;
+  void* (*heap_malloc)(mi_heap*, std::size_t) = nullptr;
+  void (*free)(void*) = nullptr;
+  bool (*in_heap_region)(const void*) = nullptr;
+};
+
+std::once_flag g_load_once;
+mimalloc_api g_mi;                        // all set, or all null
+std::atomic<bool> g_use_mimalloc{false};  // what meta_malloc uses now
+
+void load_mimalloc() {
+  const char* path = std::getenv("TAGMEM_MIMALLOC_LIBRARY");
+  void* h = dlopen(path && *path ? path : "libmimalloc.so.2", RTLD_NOW | RTLD_LOCAL);
+  if (!h) return;
+  mimalloc_api m;
+  m.heap_new = reinterpret_cast<decltype(m.heap_new)>(dlsym(h, "mi_heap_new"));
+  m.heap_delete = reinterpret_cast<decltype(m.heap_delete)>(dlsym(h, "mi_heap_delete"));
+  m.heap_malloc = reinterpret_cast<decltype(m.heap_malloc)>(dlsym(h, "mi_heap_malloc"));
+  m.free = reinterpret_cast<decltype(m.free)>(dlsym(h, "mi_free"));
+  m.in_heap_region = reinterpret_cast<decltype(m.in_heap_region)>(dlsym(h, "mi_is_in_heap_region"));
+  if (m.heap_new && m.heap_delete && m.heap_malloc && m.free && m.in_heap_region) {
+    g_mi = m;  // the handle stays open for the life of the process
+  } else {
+    dlclose(h);
+  }
+}
+
+bool mimalloc_loaded() {
+  std::call_once(g_load_once, load_mimalloc);
+  return g_mi.heap_new != nullptr;
+}
 
 struct thread_heap {
-  mi_heap_t* heap = nullptr;
+  mi_heap* heap = nullptr;
   ~thread_heap() {
-    if (heap) mi_heap_delete(heap);
+    if (heap) g_mi.heap_delete(heap);
   }
 };
 
-mi_heap_t* my_heap() {
+mi_heap* my_heap() {
   thread_local thread_heap h;
-  if (!h.heap) h.heap = mi_heap_new();
+  if (!h.heap) h.heap = g_mi.heap_new();
   return h.heap;
 }
 
 }  // namespace
 
-void set_metadata_allocator(metadata_allocator which) noexcept { g_which.store(which); }
+bool set_metadata_allocator(metadata_allocator which) noexcept {
+  bool mi = which == metadata_allocator::mimalloc && mimalloc_loaded();
+  g_use_mimalloc.store(mi);
+  return mi == (which == metadata_allocator::mimalloc);
+}
+
+metadata_allocator metadata_allocator_in_use() noexcept {
+  return g_use_mimalloc.load() ? metadata_allocator::mimalloc : metadata_allocator::system;
+}
 
 void* meta_malloc(std::size_t bytes) {
-  void* p = g_which.load(std::memory_order_relaxed) == metadata_allocator::mimalloc
-                ? mi_heap_malloc(my_heap(), bytes)
-                : std::malloc(bytes);
+  void* p = nullptr;
+  if (g_use_mimalloc.load(std::memory_order_relaxed)) {
+    mi_heap* heap = my_heap();
+    p = heap ? g_mi.heap_malloc(heap, bytes) : nullptr;
+  } else {
+    p = std::malloc(bytes);
+  }
   if (!p) throw std::bad_alloc();
   return p;
 }
 
 void meta_free(void* p) noexcept {
   if (!p) return;
-  if (mi_is_in_heap_region(p)) {
-    mi_free(p);
+  // The allocator may have been switched since `p` was allocated (shutdown, then init with
+  // TAGMEM_METADATA changed), so ask mimalloc whether the block is its own.
+  if (g_mi.in_heap_region && g_mi.in_heap_region(p)) {
+    g_mi.free(p);
   } else {
     std::free(p);
   }

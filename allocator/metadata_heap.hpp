@@ -1,7 +1,8 @@
 // metadata_heap.hpp — where tagmem's own bookkeeping lives.
 //
 // Note [metadata heap]: tagmem's maps, blocks and segment records are allocated from mimalloc,
-// one private mi_heap per thread, never from the application's malloc: inside an LD_PRELOADed
+// one private mi_heap per thread, never from the application's malloc (loaded privately, see
+// Note [private mimalloc] in metadata_heap.cpp): inside an LD_PRELOADed
 // process the application may be using malloc in odd states (a fork, a signal handler's caller,
 // its own interposed malloc), and keeping our records apart avoids both interference and
 // fragmentation of its heap. TAGMEM_METADATA=system switches to malloc (for the benchmark that
@@ -20,7 +21,10 @@
 
 namespace tagmem {
 
-void set_metadata_allocator(metadata_allocator which) noexcept;
+// Chooses the allocator for records made from now on; false when mimalloc was asked for but
+// libmimalloc.so.2 cannot be loaded (records then go to malloc).
+bool set_metadata_allocator(metadata_allocator which) noexcept;
+metadata_allocator metadata_allocator_in_use() noexcept;
 void* meta_malloc(std::size_t bytes);  // throws std::bad_alloc
 void meta_free(void* p) noexcept;
 
