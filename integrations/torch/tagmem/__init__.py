@@ -1,0 +1,98 @@
+"""tagmem: tagged CUDA memory that can be offloaded and reloaded at the same addresses.
+
+The plain tag API below needs no PyTorch (it calls libtagmem through ctypes)::
+
+    import tagmem
+    with tagmem.tag("weights"):
+        ptr = tagmem.raw_alloc(1 << 20)
+    tagmem.offload("weights")            # bytes to pinned host memory, device memory released
+    tagmem.reload("weights")             # same addresses, same bytes
+    with tagmem.resident("kv_cache"):    # reload on entry, offload on exit
+        ...
+
+PyTorch users import ``tagmem.torch`` (tensors in tags, MemPool and global modes) and, to switch
+from other libraries by changing an import, ``tagmem.compat.torch_memory_saver`` or
+``tagmem.compat.vllm``. See docs/torch.md.
+"""
+
+from ._api import (
+    BACKUP,
+    DISCARD,
+    current_tag,
+    empty_cache,
+    exists,
+    host_reserve,
+    host_trim,
+    init,
+    offload,
+    pointer_info,
+    raw_alloc,
+    raw_free,
+    reload,
+    resident,
+    shutdown,
+    state,
+    stats,
+    swap,
+    tag,
+    tags,
+)
+from ._errors import (
+    DriverError,
+    HostOutOfMemoryError,
+    InternalError,
+    InvalidArgumentError,
+    NoDriverError,
+    OutOfMemoryError,
+    PeerError,
+    ScopeEmptyError,
+    TagmemError,
+    TagmemTimeoutError,
+    TagOffloadedError,
+    TagResidentError,
+    UnknownPointerError,
+    UnknownTagError,
+)
+from ._lib import LibraryNotFound, library_file, origin as library_origin
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "BACKUP",
+    "DISCARD",
+    "DriverError",
+    "HostOutOfMemoryError",
+    "InternalError",
+    "InvalidArgumentError",
+    "LibraryNotFound",
+    "NoDriverError",
+    "OutOfMemoryError",
+    "PeerError",
+    "ScopeEmptyError",
+    "TagOffloadedError",
+    "TagResidentError",
+    "TagmemError",
+    "TagmemTimeoutError",
+    "UnknownPointerError",
+    "UnknownTagError",
+    "current_tag",
+    "empty_cache",
+    "exists",
+    "host_reserve",
+    "host_trim",
+    "init",
+    "library_file",
+    "library_origin",
+    "offload",
+    "pointer_info",
+    "raw_alloc",
+    "raw_free",
+    "reload",
+    "resident",
+    "shutdown",
+    "state",
+    "stats",
+    "swap",
+    "tag",
+    "tags",
+]

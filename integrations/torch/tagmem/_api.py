@@ -1,0 +1,274 @@
+"""The plain tag API over tagmem's C ABI; no PyTorch needed.
+
+Each function is a direct call into libtagmem (see _lib) whose failure raises the exception mapped
+from its status (see _errors). Devices are CUDA ordinals; ``None`` means the calling thread's
+current CUDA device (TAGMEM_CURRENT_DEVICE: the device of its current context, device 0 when it
+has none). Modes are ``"backup"`` / ``"discard"`` or the BACKUP / DISCARD constants.
+"""
+
+import contextlib
+import ctypes
+
+from . import _errors, _lib
+
+BACKUP = 0
+DISCARD = 1
+_MODES = {"backup": BACKUP, "discard": DISCARD, BACKUP: BACKUP, DISCARD: DISCARD}
+_STATES = {0: "resident", 1: "offloaded_backup", 2: "offloaded_discard"}
+
+
+def _device(device):
+    return _lib.CURRENT_DEVICE if device is None else int(device)
+
+
+def _mode(mode):
+    try:
+        return _MODES[mode.lower() if isinstance(mode, str) else mode]
+    except (KeyError, TypeError):
+        raise _errors.error_for(1, f"offload mode {mode!r}: expected 'backup' or 'discard'") from None
+
+
+def _name(tag):
+    if not isinstance(tag, str):
+        raise _errors.error_for(1, f"tag name must be a str, not {type(tag).__name__}")
+    return tag.encode()
+
+
+def _names(tags):
+    """A ctypes array of names from one name or an iterable of names (kept alive by the caller)."""
+    if isinstance(tags, str):
+        tags = [tags]
+    encoded = [_name(t) for t in tags]
+    return (ctypes.c_char_p * max(1, len(encoded)))(*encoded), len(encoded)
+
+
+# ---- lifetime ---------------------------------------------------------------------------------
+
+
+def init(chunk_bytes=0, arena_bytes=0, copy_piece_bytes=0, max_mapping_bytes=0):
+    """Initialises tagmem with a configuration (0 keeps the default or TAGMEM_* variable).
+
+    Only needed to pass a configuration: tagmem initialises itself on first use. Raises
+    InvalidArgumentError when tagmem is already initialised.
+    """
+    lib = _lib.lib()
+    config = _lib.Config()
+    lib.tagmem_config_init(ctypes.byref(config))
+    config.chunk_bytes = chunk_bytes
+    config.arena_bytes = arena_bytes
+    config.copy_piece_bytes = copy_piece_bytes
+    config.max_mapping_bytes = max_mapping_bytes
+    _errors.check(lib.tagmem_init(ctypes.byref(config)))
+
+
+def shutdown():
+    """Releases every tag on every device (their pointers become invalid) and the host store.
+
+    tagmem may be used again afterwards (it re-initialises on first use). Must not race with other
+    tagmem calls; meant for tests and process teardown.
+    """
+    _errors.check(_lib.lib().tagmem_shutdown())
+
+
+# ---- tag scope --------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def tag(name):
+    """Context manager (and decorator): makes `name` the calling thread's current tag.
+
+    Allocations made by tagmem on this thread without an explicit tag (raw_alloc without `tag`,
+    and every CUDA allocation in tagmem.torch's global mode) go to `name` inside the block. Scopes
+    nest and are per thread. For PyTorch's default MemPool mode use ``tagmem.torch.tag``.
+    """
+    lib = _lib.lib()
+    _errors.check(lib.tagmem_push_tag(_name(name)))
+    try:
+        yield name
+    finally:
+        _errors.check(lib.tagmem_pop_tag())
+
+
+def current_tag():
+    """The calling thread's current tag ("default" when no scope is open)."""
+    return _lib.lib().tagmem_current_tag().decode()
+
+
+# ---- offload and reload -----------------------------------------------------------------------
+
+
+def offload(tags, mode=BACKUP, device=None):
+    """Offloads one tag or a list of tags: their physical device memory is released.
+
+    BACKUP copies the bytes to pinned host memory first; DISCARD drops them. Addresses stay
+    reserved, so every pointer (tensor, view, CUDA graph) stays valid for the reload; touching the
+    memory before the reload faults. The list is checked first: on UnknownTagError,
+    TagOffloadedError or a duplicate no tag is changed.
+    """
+    names, count = _names(tags)
+    _errors.check(_lib.lib().tagmem_offload(names, count, _device(device), _mode(mode)))
+
+
+def reload(tags, device=None):
+    """Reloads offloaded tags at their old addresses, restoring the bytes of BACKUP tags.
+
+    A tag whose reload fails (OutOfMemoryError included) stays offloaded with its backup intact:
+    free device memory and call again. Tags before it in the list stay reloaded.
+    """
+    names, count = _names(tags)
+    _errors.check(_lib.lib().tagmem_reload(names, count, _device(device)))
+
+
+def swap(out_tags, in_tags, mode=BACKUP, device=None):
+    """A phase switch: offloads `out_tags` (in `mode`) and reloads `in_tags`, overlapping both.
+
+    Both lists are checked before anything moves. If the reload part fails, the offload part has
+    still happened and the exception says why the reload failed.
+    """
+    out_names, out_count = _names(out_tags)
+    in_names, in_count = _names(in_tags)
+    _errors.check(
+        _lib.lib().tagmem_swap(
+            out_names, out_count, in_names, in_count, _device(device), _mode(mode)
+        )
+    )
+
+
+def state(name, device=None):
+    """A tag's state: "resident", "offloaded_backup" or "offloaded_discard"."""
+    return _STATES[_tag_stats(name, device).state]
+
+
+def exists(name, device=None):
+    """Whether tag `name` exists on the device (it does from its first allocation on)."""
+    return name in tags(device)
+
+
+@contextlib.contextmanager
+def resident(*names, mode=BACKUP, device=None):
+    """Context manager: the listed tags are resident inside the block and offloaded after it.
+
+    On entry, every listed tag that exists and is offloaded is reloaded (a tag that does not exist
+    yet is created by allocations inside the block). On exit, also when the block raised, every
+    listed tag that exists and is resident is offloaded in `mode`. This is the shape of one phase
+    of a reinforcement-learning loop: ``with tagmem.resident("weights", "kv_cache"): rollout()``.
+    """
+    present = set(tags(device))
+    waiting = [n for n in names if n in present and state(n, device) != "resident"]
+    if waiting:
+        reload(waiting, device)
+    try:
+        yield
+    finally:
+        present = set(tags(device))
+        leaving = [n for n in names if n in present and state(n, device) == "resident"]
+        if leaving:
+            offload(leaving, mode, device)
+
+
+def empty_cache(device=None):
+    """Returns to the driver the physical memory of resident tags' segments that hold no live
+    allocation. Offloaded tags are left alone."""
+    _errors.check(_lib.lib().tagmem_empty_cache(_device(device)))
+
+
+def host_reserve(nbytes, wait=False):
+    """Grows the pinned host store to at least `nbytes` ahead of need (pinning is slow, copying is
+    fast). With ``wait=False`` the pinning runs in the background."""
+    _errors.check(_lib.lib().tagmem_host_reserve(int(nbytes), 1 if wait else 0))
+
+
+def host_trim(keep_bytes=0):
+    """Unpins and frees host store memory that holds no backup, keeping at least `keep_bytes`."""
+    _errors.check(_lib.lib().tagmem_host_trim(int(keep_bytes)))
+
+
+# ---- statistics -------------------------------------------------------------------------------
+
+
+def _tag_stats(name, device):
+    out = _lib.TagStats()
+    _errors.check(_lib.lib().tagmem_tag_stats_get(_name(name), _device(device), ctypes.byref(out)))
+    return out
+
+
+def _as_dict(struct):
+    return {field: getattr(struct, field) for field, _ in struct._fields_}
+
+
+def tags(device=None):
+    """The names of the tags that exist on the device."""
+    lib = _lib.lib()
+    width = _lib.MAX_TAG_NAME + 1
+    count = ctypes.c_size_t(0)
+    _errors.check(lib.tagmem_list_tags(_device(device), None, 0, ctypes.byref(count)))
+    while True:
+        capacity = count.value
+        buffer = ctypes.create_string_buffer(width * max(1, capacity))
+        _errors.check(lib.tagmem_list_tags(_device(device), buffer, capacity, ctypes.byref(count)))
+        if count.value <= capacity:  # else a tag appeared meanwhile: ask again
+            raw = buffer.raw
+            return [raw[i * width : (i + 1) * width].split(b"\0", 1)[0].decode() for i in range(count.value)]
+
+
+def stats(name=None, device=None):
+    """tagmem's statistics as dicts whose keys are the C structs' field names.
+
+    With `name`: that tag's tagmem_tag_stats, ``state`` given as its name ("resident", ...).
+    Without: the device's tagmem_device_stats, plus ``"by_tag"``: {tag name: tag stats dict}.
+    """
+    if name is not None:
+        out = _as_dict(_tag_stats(name, device))
+        out["state"] = _STATES[out["state"]]
+        return out
+    device_stats = _lib.DeviceStats()
+    _errors.check(
+        _lib.lib().tagmem_device_stats_get(_device(device), ctypes.byref(device_stats))
+    )
+    out = _as_dict(device_stats)
+    out["by_tag"] = {}
+    for n in tags(device):
+        try:
+            out["by_tag"][n] = stats(n, device)
+        except _errors.UnknownTagError:  # removed meanwhile
+            pass
+    return out
+
+
+# ---- raw allocations (engines, tests; PyTorch users go through tagmem.torch) ---------------------
+
+
+def raw_alloc(nbytes, tag=None, device=None, stream=None):
+    """Allocates `nbytes` of device memory in `tag` (default: the thread's current tag) and
+    returns its address as an int. `stream` is a CUstream/cudaStream_t as an int (None: the
+    legacy default stream). Free it with raw_free."""
+    lib = _lib.lib()
+    ptr = ctypes.c_void_p()
+    if tag is None:
+        status = lib.tagmem_malloc(ctypes.byref(ptr), int(nbytes), _device(device), stream)
+    else:
+        status = lib.tagmem_malloc_tagged(
+            ctypes.byref(ptr), int(nbytes), _name(tag), _device(device), stream
+        )
+    _errors.check(status)
+    return ptr.value
+
+
+def raw_free(ptr, stream=None):
+    """Frees an address returned by raw_alloc (allowed while its tag is offloaded)."""
+    _errors.check(_lib.lib().tagmem_free(ptr, stream))
+
+
+def pointer_info(ptr):
+    """Which allocation holds address `ptr`: {"tag", "device", "base", "size"} (size as
+    requested). Raises UnknownPointerError for memory tagmem did not allocate."""
+    name = ctypes.create_string_buffer(_lib.MAX_TAG_NAME + 1)
+    device = ctypes.c_int(-1)
+    base = ctypes.c_void_p()
+    size = ctypes.c_size_t(0)
+    _errors.check(
+        _lib.lib().tagmem_pointer_info(
+            ptr, name, len(name), ctypes.byref(device), ctypes.byref(base), ctypes.byref(size)
+        )
+    )
+    return {"tag": name.value.decode(), "device": device.value, "base": base.value, "size": size.value}

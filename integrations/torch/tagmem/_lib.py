@@ -1,0 +1,211 @@
+"""Finding and binding tagmem's C ABI (include/tagmem/tagmem.h) with ctypes.
+
+The package never links anything at install time: the first call loads the library, in this
+order (Note [one tagmem per process]):
+
+1. the process itself, when it already exports ``tagmem_malloc`` (the LD_PRELOAD shim
+   libtagmem_preload.so, or a host program linked with libtagmem);
+2. the file named by the environment variable ``TAGMEM_LIBRARY``;
+3. ``libtagmem.so.0`` inside the package (``tagmem/lib/``, where setup.py copies a build);
+4. ``libtagmem.so.0`` on the dynamic linker's search path (LD_LIBRARY_PATH, ldconfig).
+
+Note [one tagmem per process]: tagmem's registry is process state. A second copy of the library
+would hold its own tags, so if the process already has tagmem (the preload shim interposes CUDA
+allocations into *its* copy) the package must use that one, even when TAGMEM_LIBRARY is set.
+
+Every foreign call goes through ctypes.CDLL, which releases the GIL for the call's duration, so an
+offload that copies gigabytes does not stall other Python threads.
+"""
+
+import ctypes
+import os
+import threading
+
+MAX_TAG_NAME = 63
+CURRENT_DEVICE = -1
+
+_SIZE = ctypes.c_size_t
+_U64 = ctypes.c_uint64
+
+
+class Config(ctypes.Structure):
+    """tagmem_config."""
+
+    _fields_ = [
+        ("struct_size", _SIZE),
+        ("chunk_bytes", _SIZE),
+        ("arena_bytes", _SIZE),
+        ("copy_piece_bytes", _SIZE),
+        ("max_mapping_bytes", _SIZE),
+    ]
+
+
+class TagStats(ctypes.Structure):
+    """tagmem_tag_stats."""
+
+    _fields_ = [
+        ("state", ctypes.c_int),
+        ("allocated_bytes", _SIZE),
+        ("requested_bytes", _SIZE),
+        ("reserved_bytes", _SIZE),
+        ("mapped_bytes", _SIZE),
+        ("host_bytes", _SIZE),
+        ("virtual_bytes", _SIZE),
+        ("live_allocations", _U64),
+        ("mappings", _U64),
+        ("alloc_count", _U64),
+        ("free_count", _U64),
+        ("offload_count", _U64),
+        ("reload_count", _U64),
+        ("bytes_offloaded", _U64),
+        ("bytes_reloaded", _U64),
+    ]
+
+
+class DeviceStats(ctypes.Structure):
+    """tagmem_device_stats."""
+
+    _fields_ = [
+        ("allocated_bytes", _SIZE),
+        ("reserved_bytes", _SIZE),
+        ("mapped_bytes", _SIZE),
+        ("device_free_bytes", _SIZE),
+        ("device_total_bytes", _SIZE),
+        ("host_pinned_bytes", _SIZE),
+        ("host_pinned_high_water", _SIZE),
+        ("host_used_bytes", _SIZE),
+        ("tags", _U64),
+    ]
+
+
+_STATUS = ctypes.c_int
+_VOIDP = ctypes.c_void_p
+_NAMES = ctypes.POINTER(ctypes.c_char_p)
+_PROTOTYPES = {
+    "tagmem_config_init": (None, [ctypes.POINTER(Config)]),
+    "tagmem_init": (_STATUS, [ctypes.POINTER(Config)]),
+    "tagmem_shutdown": (_STATUS, []),
+    "tagmem_last_error": (ctypes.c_char_p, []),
+    "tagmem_status_string": (ctypes.c_char_p, [ctypes.c_int]),
+    "tagmem_push_tag": (_STATUS, [ctypes.c_char_p]),
+    "tagmem_pop_tag": (_STATUS, []),
+    "tagmem_current_tag": (ctypes.c_char_p, []),
+    "tagmem_malloc": (_STATUS, [ctypes.POINTER(_VOIDP), _SIZE, ctypes.c_int, _VOIDP]),
+    "tagmem_malloc_tagged": (
+        _STATUS,
+        [ctypes.POINTER(_VOIDP), _SIZE, ctypes.c_char_p, ctypes.c_int, _VOIDP],
+    ),
+    "tagmem_free": (_STATUS, [_VOIDP, _VOIDP]),
+    "tagmem_pointer_info": (
+        _STATUS,
+        [
+            _VOIDP,
+            ctypes.c_char_p,
+            _SIZE,
+            ctypes.POINTER(ctypes.c_int),
+            ctypes.POINTER(_VOIDP),
+            ctypes.POINTER(_SIZE),
+        ],
+    ),
+    "tagmem_offload": (_STATUS, [_NAMES, _SIZE, ctypes.c_int, ctypes.c_int]),
+    "tagmem_reload": (_STATUS, [_NAMES, _SIZE, ctypes.c_int]),
+    "tagmem_swap": (_STATUS, [_NAMES, _SIZE, _NAMES, _SIZE, ctypes.c_int, ctypes.c_int]),
+    "tagmem_empty_cache": (_STATUS, [ctypes.c_int]),
+    "tagmem_host_reserve": (_STATUS, [_SIZE, ctypes.c_int]),
+    "tagmem_host_trim": (_STATUS, [_SIZE]),
+    "tagmem_tag_stats_get": (_STATUS, [ctypes.c_char_p, ctypes.c_int, ctypes.POINTER(TagStats)]),
+    "tagmem_device_stats_get": (_STATUS, [ctypes.c_int, ctypes.POINTER(DeviceStats)]),
+    "tagmem_list_tags": (_STATUS, [ctypes.c_int, _VOIDP, _SIZE, ctypes.POINTER(_SIZE)]),
+}
+
+_lock = threading.Lock()
+_lib = None
+_origin = None
+
+
+class LibraryNotFound(OSError):
+    """libtagmem could not be found or loaded; the message lists every place tried."""
+
+
+def _prepare_process():
+    # Note [libstdc++ before libtagmem]: libtagmem.so needs libmimalloc.so.2, which also defines
+    # operator new/delete. Loaded RTLD_LOCAL into an interpreter that has no libstdc++ yet (plain
+    # python3), libstdc++ is relocated inside libtagmem's scope and ends up pairing glibc's
+    # operator new with mimalloc's operator delete; the emulated driver, dlopen'ed later, then
+    # frees glibc blocks with mi_free and crashes. Making libstdc++ global first keeps every
+    # operator new/delete pair in libstdc++. Harmless where libstdc++ is already loaded (torch).
+    try:
+        ctypes.CDLL("libstdc++.so.6", mode=ctypes.RTLD_GLOBAL)
+    except OSError:
+        pass
+
+
+def _candidates():
+    process = ctypes.CDLL(None)
+    if hasattr(process, "tagmem_malloc"):
+        yield "process", lambda: process
+    env = os.environ.get("TAGMEM_LIBRARY")
+    if env:
+        yield env, lambda: ctypes.CDLL(env)
+        return  # an explicit choice: no silent fallback to another copy
+    here = os.path.join(os.path.dirname(os.path.abspath(__file__)), "lib", "libtagmem.so.0")
+    if os.path.exists(here):
+        yield here, lambda: ctypes.CDLL(here)
+    yield "libtagmem.so.0", lambda: ctypes.CDLL("libtagmem.so.0")
+
+
+def lib():
+    """The bound library (loaded on first use). Raises LibraryNotFound."""
+    global _lib, _origin
+    if _lib is not None:
+        return _lib
+    with _lock:
+        if _lib is not None:
+            return _lib
+        _prepare_process()
+        tried = []
+        for origin, load in _candidates():
+            try:
+                handle = load()
+            except OSError as e:
+                tried.append(f"{origin}: {e}")
+                continue
+            for name, (restype, argtypes) in _PROTOTYPES.items():
+                fn = getattr(handle, name)
+                fn.restype = restype
+                fn.argtypes = argtypes
+            _lib, _origin = handle, origin
+            return _lib
+        raise LibraryNotFound(
+            "tagmem: cannot load libtagmem (set TAGMEM_LIBRARY to its path); tried: "
+            + "; ".join(tried)
+        )
+
+
+def origin():
+    """Where the library came from: "process", or the path or name it was loaded by."""
+    lib()
+    return _origin
+
+
+def library_file():
+    """The file the bound library lives in (resolved through the loaded handle)."""
+    handle = lib()
+    info = _DlInfo()
+    libc = ctypes.CDLL(None)
+    dladdr = libc.dladdr
+    dladdr.argtypes = [_VOIDP, ctypes.POINTER(_DlInfo)]
+    dladdr.restype = ctypes.c_int
+    address = ctypes.cast(handle.tagmem_malloc, _VOIDP)
+    if dladdr(address, ctypes.byref(info)) == 0 or not info.dli_fname:
+        return None
+    return os.path.realpath(info.dli_fname.decode())
+
+
+class _DlInfo(ctypes.Structure):
+    _fields_ = [
+        ("dli_fname", ctypes.c_char_p),
+        ("dli_fbase", _VOIDP),
+        ("dli_sname", ctypes.c_char_p),
+        ("dli_saddr", _VOIDP),
+    ]

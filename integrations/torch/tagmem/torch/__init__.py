@@ -1,0 +1,87 @@
+"""tagmem.torch: PyTorch tensors in tags that survive offload at unchanged addresses.
+
+MemPool mode (default)::
+
+    import tagmem.torch as tt
+    with tt.tag("weights"):
+        model = build_model().cuda()       # parameters live in tag "weights"
+    tt.offload("weights")                  # device memory released, bytes in pinned host memory
+    tt.reload("weights")                   # same data_ptr()s, same values
+
+Global mode: call ``tt.install()`` before CUDA initialises; then every CUDA allocation goes
+through tagmem and ``tt.tag`` is a per-thread tag scope. Functions taking `device` default to
+``torch.cuda.current_device()``. See docs/torch.md.
+"""
+
+import torch
+
+from .. import _api, _entry_points
+from ._global import install, installed
+from ._pools import device_index, empty_cache, pool, tag
+
+BACKUP = _api.BACKUP
+DISCARD = _api.DISCARD
+
+
+def offload(tags, mode=BACKUP, device=None):
+    """tagmem.offload on `device` (default: the current CUDA device). Waits for the device's
+    queued work first, so no kernel still touches the memory."""
+    _api.offload(tags, mode, device_index(device))
+
+
+def reload(tags, device=None):
+    """tagmem.reload on `device` (default: the current CUDA device)."""
+    _api.reload(tags, device_index(device))
+
+
+def swap(out_tags, in_tags, mode=BACKUP, device=None):
+    """tagmem.swap on `device` (default: the current CUDA device)."""
+    _api.swap(out_tags, in_tags, mode, device_index(device))
+
+
+def resident(*names, mode=BACKUP, device=None):
+    """tagmem.resident on `device` (default: the current CUDA device): reload on entry, offload
+    on exit."""
+    return _api.resident(*names, mode=mode, device=device_index(device))
+
+
+def state(name, device=None):
+    """tagmem.state on `device` (default: the current CUDA device)."""
+    return _api.state(name, device_index(device))
+
+
+def stats(name=None, device=None):
+    """tagmem.stats on `device` (default: the current CUDA device): dicts keyed like the C
+    structs. With no `name`, also ``torch_reserved_bytes`` / ``torch_allocated_bytes`` from
+    PyTorch's allocator in MemPool mode (see docs/torch.md: PyTorch keeps counting an offloaded
+    tag's segments as reserved)."""
+    d = device_index(device)
+    out = _api.stats(name, d)
+    if name is None and not installed():
+        out["torch_reserved_bytes"] = torch.cuda.memory_reserved(d)
+        out["torch_allocated_bytes"] = torch.cuda.memory_allocated(d)
+    return out
+
+
+def last_allocation_failure():
+    """tagmem's message for the most recent allocation it refused through PyTorch ("" if none)."""
+    return _entry_points.last_failure()
+
+
+__all__ = [
+    "BACKUP",
+    "DISCARD",
+    "device_index",
+    "empty_cache",
+    "install",
+    "installed",
+    "last_allocation_failure",
+    "offload",
+    "pool",
+    "reload",
+    "resident",
+    "state",
+    "stats",
+    "swap",
+    "tag",
+]

@@ -1,0 +1,281 @@
+"""The torch-free Python API (tagmem.*): scopes, offload/reload/swap/resident, errors, stats.
+
+Runs on the emulated driver in CI and on the real driver in gpu_run.sh (see conftest.py). Device
+bytes are written and read back through driver copies (device_io.py) and compared byte for byte.
+"""
+
+import os
+import re
+import subprocess
+import sys
+import threading
+
+import pytest
+
+import tagmem
+from conftest import REPO_ROOT
+
+MiB = 1 << 20
+# On a GPU the driver's own small allocations move free memory by up to 2 MiB (none on the emulator).
+NOISE = 0 if os.environ.get("TAGMEM_LIBCUDA") else 2 * MiB
+
+
+def fill(io, rng, address, nbytes):
+    data = rng.randbytes(nbytes)
+    io.write(address, data)
+    return data
+
+
+# ---- tag scopes -------------------------------------------------------------------------------
+
+
+def test_tag_scope_routes_allocations_and_nests():
+    assert tagmem.current_tag() == "default"
+    with tagmem.tag("outer"):
+        a = tagmem.raw_alloc(1000)
+        with tagmem.tag("inner"):
+            assert tagmem.current_tag() == "inner"
+            b = tagmem.raw_alloc(1000)
+        c = tagmem.raw_alloc(1000)
+    d = tagmem.raw_alloc(1000)
+    assert [tagmem.pointer_info(p)["tag"] for p in (a, b, c, d)] == ["outer", "inner", "outer", "default"]
+    assert sorted(tagmem.tags()) == ["default", "inner", "outer"]
+
+
+def test_tag_scope_is_per_thread_and_pops_after_an_exception():
+    seen = {}
+    inside = threading.Event()
+    release = threading.Event()
+
+    def other():
+        inside.wait()
+        seen["other"] = tagmem.current_tag()
+        release.set()
+
+    t = threading.Thread(target=other)
+    t.start()
+    with pytest.raises(KeyError):
+        with tagmem.tag("mine"):
+            inside.set()
+            release.wait()
+            seen["mine"] = tagmem.current_tag()
+            raise KeyError("boom")
+    t.join()
+    assert seen == {"other": "default", "mine": "mine"}
+    assert tagmem.current_tag() == "default"
+
+
+# ---- offload and reload -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("sizes", [[1000, 3 * MiB + 17, 17 * MiB], [256] * 40])
+def test_backup_offload_reload_restores_every_byte_at_the_same_address(io, rng, sizes):
+    pointers = [tagmem.raw_alloc(n, tag="w") for n in sizes]
+    data = [fill(io, rng, p, n) for p, n in zip(pointers, sizes)]
+    before = tagmem.stats("w")
+    free_before = io.free_bytes()
+
+    tagmem.offload("w")
+    during = tagmem.stats("w")
+    assert during["state"] == "offloaded_backup"
+    assert during["mapped_bytes"] == 0
+    assert during["host_bytes"] >= before["allocated_bytes"]
+    assert io.free_bytes() >= free_before + before["mapped_bytes"] - NOISE
+
+    tagmem.reload("w")
+    assert tagmem.state("w") == "resident"
+    for p, n, d in zip(pointers, sizes, data):
+        assert tagmem.pointer_info(p) == {"tag": "w", "device": 0, "base": p, "size": n}
+        assert io.read(p, n) == d
+    after = tagmem.stats("w")
+    assert after["offload_count"] == 1 and after["reload_count"] == 1
+    assert after["bytes_offloaded"] >= sum(sizes)
+
+
+def test_discard_releases_memory_and_reload_gives_writable_memory(io, rng):
+    p = tagmem.raw_alloc(5 * MiB, tag="kv")
+    fill(io, rng, p, 5 * MiB)
+    free_before = io.free_bytes()
+    tagmem.offload(["kv"], mode="discard")
+    assert tagmem.state("kv") == "offloaded_discard"
+    assert tagmem.stats("kv")["host_bytes"] == 0
+    assert io.free_bytes() >= free_before + 5 * MiB - NOISE
+    tagmem.reload("kv")
+    fresh = fill(io, rng, p, 5 * MiB)
+    assert io.read(p, 5 * MiB) == fresh
+
+
+def test_swap_exchanges_phases_and_keeps_both_tags_bytes(io, rng):
+    a = tagmem.raw_alloc(3 * MiB, tag="trainer")
+    b = tagmem.raw_alloc(2 * MiB, tag="rollout")
+    da = fill(io, rng, a, 3 * MiB)
+    db = fill(io, rng, b, 2 * MiB)
+    tagmem.offload("rollout")
+    tagmem.swap("trainer", "rollout")
+    assert (tagmem.state("trainer"), tagmem.state("rollout")) == ("offloaded_backup", "resident")
+    assert io.read(b, 2 * MiB) == db
+    tagmem.swap(["rollout"], ["trainer"], mode=tagmem.BACKUP)
+    assert io.read(a, 3 * MiB) == da
+    with pytest.raises(tagmem.InvalidArgumentError, match="both lists"):
+        tagmem.swap("trainer", "trainer")
+
+
+def test_resident_reloads_on_entry_and_offloads_on_exit_even_after_an_exception(io, rng):
+    w = tagmem.raw_alloc(MiB, tag="weights")
+    data = fill(io, rng, w, MiB)
+    tagmem.offload("weights")
+    with pytest.raises(ValueError):
+        with tagmem.resident("weights", "kv_cache"):  # kv_cache does not exist yet
+            assert tagmem.state("weights") == "resident"
+            assert io.read(w, MiB) == data
+            kv = tagmem.raw_alloc(MiB, tag="kv_cache")
+            fill(io, rng, kv, MiB)
+            raise ValueError("phase failed")
+    assert tagmem.state("weights") == "offloaded_backup"
+    assert tagmem.state("kv_cache") == "offloaded_backup"
+    with tagmem.resident("weights", mode="discard"):
+        assert io.read(w, MiB) == data
+    assert tagmem.state("weights") == "offloaded_discard"
+
+
+def test_reload_out_of_memory_keeps_the_backup_and_succeeds_once_memory_is_freed(io, rng):
+    p = tagmem.raw_alloc(64 * MiB, tag="big")
+    data = fill(io, rng, p, 64 * MiB)
+    tagmem.offload("big")
+    hog_bytes = (io.free_bytes() - 32 * MiB) // (2 * MiB) * (2 * MiB)
+    hog = tagmem.raw_alloc(hog_bytes, tag="hog")
+    with pytest.raises(tagmem.OutOfMemoryError) as caught:
+        tagmem.reload("big")
+    assert isinstance(caught.value, MemoryError)
+    assert caught.value.status_name == "TAGMEM_ERROR_OUT_OF_MEMORY" and "memory" in str(caught.value)
+    assert tagmem.state("big") == "offloaded_backup"
+    assert tagmem.stats("big")["host_bytes"] >= 64 * MiB
+    tagmem.raw_free(hog)
+    tagmem.empty_cache()
+    tagmem.reload("big")
+    assert io.read(p, 64 * MiB) == data
+
+
+# ---- errors -------------------------------------------------------------------------------------
+
+
+def test_errors_are_exceptions_with_tagmem_status_and_message():
+    p = tagmem.raw_alloc(4096, tag="e")
+    tagmem.offload("e")
+    cases = [
+        (lambda: tagmem.offload("nope"), tagmem.UnknownTagError, "TAGMEM_ERROR_UNKNOWN_TAG", "nope"),
+        (lambda: tagmem.offload("e"), tagmem.TagOffloadedError, "TAGMEM_ERROR_TAG_OFFLOADED", "'e'"),
+        (lambda: tagmem.raw_alloc(10, tag="e"), tagmem.TagOffloadedError, "TAGMEM_ERROR_TAG_OFFLOADED", "offloaded"),
+        (lambda: tagmem.raw_free(p + 16), tagmem.UnknownPointerError, "TAGMEM_ERROR_UNKNOWN_POINTER", "not a live allocation"),
+        (lambda: tagmem.raw_alloc(10, tag="x" * 64), tagmem.InvalidArgumentError, "TAGMEM_ERROR_INVALID_ARGUMENT", "longer"),
+        (lambda: tagmem.raw_alloc(0, tag="z"), tagmem.InvalidArgumentError, "TAGMEM_ERROR_INVALID_ARGUMENT", ""),
+        (lambda: tagmem.offload("e", mode="sideways"), tagmem.InvalidArgumentError, "TAGMEM_ERROR_INVALID_ARGUMENT", "sideways"),
+        (lambda: tagmem.offload(["a", 3]), tagmem.InvalidArgumentError, "TAGMEM_ERROR_INVALID_ARGUMENT", "str"),
+        (lambda: tagmem.stats("nope"), tagmem.UnknownTagError, "TAGMEM_ERROR_UNKNOWN_TAG", "nope"),
+        (lambda: tagmem.pointer_info(12345), tagmem.UnknownPointerError, "TAGMEM_ERROR_UNKNOWN_POINTER", "not allocated"),
+    ]
+    for call, cls, status, text in cases:
+        with pytest.raises(cls) as caught:
+            call()
+        e = caught.value
+        assert isinstance(e, tagmem.TagmemError)
+        assert e.status_name == status and str(e).startswith(status + ": ")
+        assert text in str(e) and len(str(e)) > len(status) + 2
+    tagmem.reload("e")
+    with pytest.raises(tagmem.TagResidentError, match="resident"):
+        tagmem.reload("e")
+    with pytest.raises(tagmem.InvalidArgumentError, match="already initialised"):
+        tagmem.init()
+
+
+def test_a_failed_list_changes_no_tag(io, rng):
+    p = tagmem.raw_alloc(MiB, tag="keep")
+    data = fill(io, rng, p, MiB)
+    with pytest.raises(tagmem.UnknownTagError):
+        tagmem.offload(["keep", "missing"])
+    assert tagmem.state("keep") == "resident"
+    assert io.read(p, MiB) == data
+
+
+def test_free_while_offloaded_is_bookkeeping_and_reload_keeps_the_rest(io, rng):
+    a = tagmem.raw_alloc(MiB, tag="t")
+    b = tagmem.raw_alloc(MiB, tag="t")
+    db = fill(io, rng, b, MiB)
+    tagmem.offload("t")
+    tagmem.raw_free(a)
+    assert tagmem.stats("t")["live_allocations"] == 1
+    tagmem.reload("t")
+    assert io.read(b, MiB) == db
+
+
+# ---- statistics and caches ----------------------------------------------------------------------
+
+
+def _c_struct_fields(struct):
+    header = open(os.path.join(REPO_ROOT, "include", "tagmem", "tagmem.h")).read()
+    body = re.search(r"typedef struct %s \{(.*?)\} %s;" % (struct, struct), header, re.S).group(1)
+    body = re.sub(r"/\*.*?\*/", "", body, flags=re.S)
+    return [re.findall(r"(\w+)\s*;", line)[0] for line in body.splitlines() if ";" in line]
+
+
+def test_stats_are_dicts_keyed_like_the_c_structs():
+    p = tagmem.raw_alloc(3 * MiB, tag="s")
+    tag_stats = tagmem.stats("s")
+    assert list(tag_stats) == _c_struct_fields("tagmem_tag_stats")
+    assert tag_stats["state"] == "resident"
+    assert tag_stats["requested_bytes"] == 3 * MiB and tag_stats["live_allocations"] == 1
+    assert tag_stats["mapped_bytes"] >= 3 * MiB and tag_stats["virtual_bytes"] >= tag_stats["reserved_bytes"]
+    device = tagmem.stats()
+    assert list(device)[:-1] == _c_struct_fields("tagmem_device_stats") and list(device)[-1] == "by_tag"
+    assert device["by_tag"] == {"s": tag_stats}
+    assert device["tags"] == 1 and device["allocated_bytes"] == tag_stats["allocated_bytes"]
+    assert 0 < device["device_free_bytes"] <= device["device_total_bytes"]
+    tagmem.raw_free(p)
+
+
+def test_empty_cache_returns_segments_without_live_allocations():
+    keep = tagmem.raw_alloc(MiB, tag="c1")
+    gone = tagmem.raw_alloc(16 * MiB, tag="c2")
+    tagmem.raw_free(gone)
+    assert tagmem.stats("c2")["mapped_bytes"] >= 16 * MiB  # cached
+    tagmem.empty_cache()
+    assert tagmem.stats("c2")["mapped_bytes"] == 0
+    assert tagmem.stats("c1")["mapped_bytes"] >= MiB
+    tagmem.raw_free(keep)
+
+
+def test_host_store_can_be_reserved_and_trimmed():
+    tagmem.host_reserve(8 * MiB, wait=True)
+    assert tagmem.stats()["host_pinned_bytes"] >= 8 * MiB
+    tagmem.host_trim(0)
+    assert tagmem.stats()["host_pinned_bytes"] == 0
+
+
+# ---- finding the library --------------------------------------------------------------------------
+
+
+def _python(code, **env):
+    full = dict(os.environ, **env)
+    full["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+    return subprocess.run([sys.executable, "-c", code], env=full, capture_output=True, text=True)
+
+
+def test_library_in_the_process_wins_over_tagmem_library():
+    library = tagmem.library_file()
+    run = _python(
+        "import tagmem; print(tagmem.library_origin()); print(tagmem.library_file())",
+        LD_PRELOAD=library,
+        TAGMEM_LIBRARY="/nonexistent/libtagmem.so.0",
+    )
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.split() == ["process", library]
+
+
+def test_a_missing_library_is_a_clear_error():
+    run = _python(
+        "import tagmem\n"
+        "try:\n    tagmem.tags()\nexcept tagmem.LibraryNotFound as e:\n    print('LibraryNotFound', e)",
+        TAGMEM_LIBRARY="/nonexistent/libtagmem.so.0",
+    )
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.startswith("LibraryNotFound") and "/nonexistent/libtagmem.so.0" in run.stdout
