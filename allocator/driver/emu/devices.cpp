@@ -1,0 +1,94 @@
+// devices.cpp — cuInit, the driver version, device enumeration and attributes, and the control
+// functions that size devices.
+//
+// Attributes answer what tagmem and the CUDA runtime ask about an H200-class device that
+// supports virtual memory management: VMM, POSIX-fd handles, memory pools and unified
+// addressing are supported, compute capability 9.0; every other valid attribute reads 0.
+#include "api.hpp"
+#include "contexts.hpp"
+#include "emu_control.h"
+
+using namespace tagmem::emu;
+
+TAGMEM_EMU_EXPORT CUresult cuInit(unsigned int flags) {
+  TAGMEM_EMU_ENTRY_ANY_TIME(cuInit);
+  if (flags != 0) return CUDA_ERROR_INVALID_VALUE;
+  if (device_count() == 0) return CUDA_ERROR_NO_DEVICE;
+  mark_initialized();
+  return CUDA_SUCCESS;
+}
+
+TAGMEM_EMU_EXPORT CUresult cuDriverGetVersion(int* version) {
+  TAGMEM_EMU_ENTRY_ANY_TIME(cuDriverGetVersion);
+  if (version == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  *version = 13000;
+  return CUDA_SUCCESS;
+}
+
+TAGMEM_EMU_EXPORT CUresult cuDeviceGet(CUdevice* device, int ordinal) {
+  TAGMEM_EMU_ENTRY(cuDeviceGet);
+  if (device == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (!valid_device(ordinal)) return CUDA_ERROR_INVALID_DEVICE;
+  *device = ordinal;
+  return CUDA_SUCCESS;
+}
+
+TAGMEM_EMU_EXPORT CUresult cuDeviceGetCount(int* count) {
+  TAGMEM_EMU_ENTRY(cuDeviceGetCount);
+  if (count == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  *count = device_count();
+  return CUDA_SUCCESS;
+}
+
+TAGMEM_EMU_EXPORT CUresult cuDeviceGetAttribute(int* value, CUdevice_attribute attribute,
+                                                CUdevice device) {
+  TAGMEM_EMU_ENTRY(cuDeviceGetAttribute);
+  if (value == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (!valid_device(device)) return CUDA_ERROR_INVALID_DEVICE;
+  if (attribute <= 0 || attribute >= CU_DEVICE_ATTRIBUTE_MAX) return CUDA_ERROR_INVALID_VALUE;
+  switch (attribute) {
+    case CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED:
+    case CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED:
+    case CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED:
+    case CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING:
+      *value = 1;
+      break;
+    case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR:
+      *value = 9;
+      break;
+    default:
+      *value = 0;
+  }
+  return CUDA_SUCCESS;
+}
+
+TAGMEM_EMU_EXPORT int tagmem_emu_device_count(void) { return device_count(); }
+
+TAGMEM_EMU_EXPORT int tagmem_emu_set_device_bytes(int device, uint64_t bytes) {
+  if (!valid_device(device)) return -1;
+  lock held = take_lock();
+  set_device_total(held, device, bytes);
+  return 0;
+}
+
+TAGMEM_EMU_EXPORT uint64_t tagmem_emu_device_bytes(int device) {
+  if (!valid_device(device)) return 0;
+  lock held = take_lock();
+  return device_total(held, device);
+}
+
+TAGMEM_EMU_EXPORT uint64_t tagmem_emu_device_used_bytes(int device) {
+  if (!valid_device(device)) return 0;
+  lock held = take_lock();
+  return device_used(held, device);
+}
+
+TAGMEM_EMU_EXPORT CUresult tagmem_emu_sticky_error(int device) {
+  return valid_device(device) ? sticky_error(device) : CUDA_ERROR_INVALID_DEVICE;
+}
+
+TAGMEM_EMU_EXPORT int tagmem_emu_clear_sticky_error(int device) {
+  if (!valid_device(device)) return -1;
+  clear_sticky_error(device);
+  return 0;
+}
