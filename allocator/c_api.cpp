@@ -11,6 +11,7 @@
 #include <string>
 
 #include "address_index.hpp"
+#include "c_error.hpp"
 #include "driver/driver.hpp"
 #include "registry.hpp"
 #include "tag_scope.hpp"
@@ -69,6 +70,24 @@ tagmem_status guarded_plain(F&& body) noexcept {
   }
 }
 
+// Note [enums from C]: a C caller may pass any int where the ABI has an enum, but in C++
+// loading an enum object whose value lies outside the enumeration's range is undefined
+// (UBSan's -fsanitize=enum reports it). Enum arguments are therefore read through their bytes
+// and checked before they are used as enums.
+int enum_bits(const void* e) {
+  int raw = 0;
+  std::memcpy(&raw, e, sizeof raw);
+  return raw;
+}
+static_assert(sizeof(tagmem_offload_mode) == sizeof(int) && sizeof(tagmem_status) == sizeof(int));
+
+tagmem_offload_mode checked_mode(const tagmem_offload_mode& mode) {
+  const int raw = enum_bits(&mode);
+  TAGMEM_EXPECTS(raw == TAGMEM_BACKUP || raw == TAGMEM_DISCARD, TAGMEM_ERROR_INVALID_ARGUMENT,
+                 "offload mode must be TAGMEM_BACKUP or TAGMEM_DISCARD");
+  return raw == TAGMEM_BACKUP ? TAGMEM_BACKUP : TAGMEM_DISCARD;
+}
+
 void expect_non_null(const void* p, const char* what) {
   TAGMEM_EXPECTS(p != nullptr, TAGMEM_ERROR_INVALID_ARGUMENT, std::string(what) + " is NULL");
 }
@@ -82,6 +101,11 @@ void malloc_in(registry& r, void** ptr, std::size_t size, const char* name, int 
 }
 
 }  // namespace
+
+tagmem_status record_c_error(tagmem_status code, const std::string& message) noexcept {
+  return record(code, message);
+}
+
 }  // namespace tagmem
 
 using namespace tagmem;
@@ -115,7 +139,7 @@ tagmem_status tagmem_shutdown(void) {
 const char* tagmem_last_error(void) { return t_last_error.c_str(); }
 
 const char* tagmem_status_string(tagmem_status status) {
-  switch (status) {
+  switch (enum_bits(&status)) {  // Note [enums from C]
 #define TAGMEM_NAME(s) \
   case s:              \
     return #s;
@@ -194,7 +218,9 @@ tagmem_status tagmem_pointer_info(const void* ptr, char* tag, size_t tag_len, in
 
 tagmem_status tagmem_offload(const char* const* tags, size_t count, int device,
                              tagmem_offload_mode mode) {
-  return guarded([&](registry& r) { r.offload(tags, count, r.resolve_device(device), mode); });
+  return guarded([&](registry& r) {
+    r.offload(tags, count, r.resolve_device(device), checked_mode(mode));  // Note [enums from C]
+  });
 }
 
 tagmem_status tagmem_reload(const char* const* tags, size_t count, int device) {
@@ -204,26 +230,8 @@ tagmem_status tagmem_reload(const char* const* tags, size_t count, int device) {
 tagmem_status tagmem_swap(const char* const* out_tags, size_t out_count, const char* const* in_tags,
                           size_t in_count, int device, tagmem_offload_mode mode) {
   return guarded([&](registry& r) {
-    int d = r.resolve_device(device);
-    // Check both lists before acting.
-    for (std::size_t i = 0; i < out_count; ++i) {
-      tagmem::tag& t = r.get(d, out_tags[i]);
-      std::lock_guard lock(t.mutex());
-      TAGMEM_EXPECTS(!t.offloaded() || t.partial(), TAGMEM_ERROR_TAG_OFFLOADED,
-                     std::string("tag '") + t.name() + "' is already offloaded");
-    }
-    for (std::size_t i = 0; i < in_count; ++i) {
-      tagmem::tag& t = r.get(d, in_tags[i]);
-      std::lock_guard lock(t.mutex());
-      TAGMEM_EXPECTS(t.offloaded(), TAGMEM_ERROR_TAG_RESIDENT,
-                     std::string("tag '") + t.name() + "' is resident; nothing to reload");
-      for (std::size_t j = 0; j < out_count; ++j) {
-        TAGMEM_EXPECTS(std::strcmp(in_tags[i], out_tags[j]) != 0, TAGMEM_ERROR_INVALID_ARGUMENT,
-                       std::string("tag '") + in_tags[i] + "' is in both lists");
-      }
-    }
-    r.offload(out_tags, out_count, d, mode);
-    r.reload(in_tags, in_count, d);
+    r.swap(out_tags, out_count, in_tags, in_count, r.resolve_device(device),
+           checked_mode(mode));  // Note [enums from C]
   });
 }
 

@@ -1,17 +1,13 @@
 // host_store.cpp — pinned slabs, extents and background pinning (see Note [pin once]).
 //
-// Pinning is done as: map anonymous memory, touch it from several threads (page faults are the
-// CPU-bound part and parallelise), then cuMemHostRegister it (portable, so every device's copies
-// use it). DESIGN.md measured registering touched memory at ~12 GB/s against ~1 GB/s for
-// cuMemHostAlloc.
+// Free space is a map of ranges coalesced within a slab; an acquire takes ranges in address
+// order until it has its bytes, so its extents may come from several slabs (the copy pipeline
+// cuts copies at extent boundaries) and any free byte serves any request: there is no
+// fragmentation that would force pinning more in steady state.
 #include "host_store.hpp"
 
-#include <sys/mman.h>
-
 #include <algorithm>
-#include <vector>
 
-#include "device.hpp"
 #include "driver/driver.hpp"
 
 namespace tagmem {
@@ -21,92 +17,74 @@ constexpr std::size_t kPage = 2u << 20;
 
 std::size_t round_up(std::size_t v, std::size_t to) { return (v + to - 1) / to * to; }
 
-void touch_parallel(char* base, std::size_t bytes) {
-  unsigned n = std::clamp(std::thread::hardware_concurrency(), 1u, 8u);
-  std::size_t per = round_up((bytes + n - 1) / n, 4096);
-  std::vector<std::thread> threads;
-  for (unsigned i = 0; i < n && i * per < bytes; ++i) {
-    threads.emplace_back([=] {
-      char* p = base + i * per;
-      std::size_t len = std::min(per, bytes - i * per);
-      for (std::size_t off = 0; off < len; off += 4096) p[off] = 0;
-    });
-  }
-  for (auto& t : threads) t.join();
-}
-
 }  // namespace
 
 host_store::host_store(std::size_t slab_bytes, CUcontext context)
-    : slab_bytes_(slab_bytes), context_(context) {}
+    : slab_bytes_(round_up(slab_bytes, kPage)),
+      context_(context),
+      method_(pin_method_from_env()),
+      threads_(pin_threads_from_env()) {}
 
 host_store::~host_store() {
   std::unique_lock lock(mutex_);
-  wait_background(lock);
-  for (auto& [base, s] : slabs_) unpin(base);
-}
-
-char* host_store::pin(std::size_t bytes) {
-  void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  TAGMEM_EXPECTS(p != MAP_FAILED, TAGMEM_ERROR_HOST_OUT_OF_MEMORY,
-                 "cannot map " + std::to_string(bytes) + " bytes of host memory for the store");
-  char* base = static_cast<char*>(p);
-  touch_parallel(base, bytes);
-  context_guard guard(context_);
-  CUresult r = driver::api().cuMemHostRegister(base, bytes, CU_MEMHOSTREGISTER_PORTABLE);
-  if (r != CUDA_SUCCESS) {
-    munmap(base, bytes);
-    fail(r == CUDA_ERROR_OUT_OF_MEMORY ? TAGMEM_ERROR_HOST_OUT_OF_MEMORY : TAGMEM_ERROR_DRIVER,
-         "cuMemHostRegister of " + std::to_string(bytes) +
-             " bytes for the pinned host store failed: " + driver::describe(r));
+  stop_background(lock);
+  meta_vector<pinned_range> all;
+  try {
+    for (auto& [base, s] : slabs_) all.push_back({base, s.size});
+  } catch (...) {  // no memory for the list: unpin one by one
+    for (auto& [base, s] : slabs_) unpin_range({base, s.size}, method_, context_);
+    return;
   }
-  return base;
+  unpin_parallel(all.data(), all.size(), threads_, method_, context_);
 }
 
-void host_store::unpin(char* p) noexcept {
-  auto it = slabs_.find(p);
-  if (it == slabs_.end()) return;
-  CUcontext previous = nullptr;
-  const auto& api = driver::api();
-  api.cuCtxGetCurrent(&previous);
-  api.cuCtxSetCurrent(context_);
-  api.cuMemHostUnregister(p);
-  api.cuCtxSetCurrent(previous);
-  munmap(p, it->second.size);
+void host_store::stop_background(std::unique_lock<std::mutex>& lock) {
+  target_bytes_ = 0;
+  changed_.wait(lock, [&] { return !background_running_; });
+  if (background_.joinable()) background_.join();  // it has left its last critical section
 }
 
-void host_store::add_slab_locked(char* base, std::size_t size) {
-  slabs_.emplace(base, slab{base, size, 0});
-  free_.emplace(base, size);
-  stats_.pinned_bytes += size;
+std::size_t host_store::free_bytes_locked() const {
+  return stats_.pinned_bytes - stats_.used_bytes;
+}
+
+void host_store::add_slab(pinned_range r) {
+  std::lock_guard lock(mutex_);
+  slabs_.emplace(r.base, slab{r.size, 0});
+  try {
+    free_.emplace(r.base, r.size);
+  } catch (...) {
+    slabs_.erase(r.base);
+    throw;  // pin_parallel unpins it
+  }
+  stats_.pinned_bytes += r.size;
   stats_.high_water = std::max(stats_.high_water, stats_.pinned_bytes);
+  changed_.notify_all();
 }
 
-void host_store::wait_background(std::unique_lock<std::mutex>& lock) {
-  background_done_.wait(lock, [&] { return !background_running_; });
-  if (background_.joinable()) {
-    std::thread t = std::move(background_);
-    lock.unlock();
-    t.join();
-    lock.lock();
-  }
+void host_store::grow(std::size_t bytes) {
+  bytes = round_up(std::max(bytes, slab_bytes_), kPage);
+  pin_parallel(bytes, slab_bytes_, threads_, method_, context_,
+               [this](pinned_range r) { add_slab(r); });
 }
 
 meta_vector<host_extent> host_store::acquire(std::size_t bytes) {
   std::unique_lock lock(mutex_);
-  wait_background(lock);  // a pending reserve() may be about to provide the space
-  std::size_t available = 0;
-  for (auto& [p, n] : free_) available += n;
-  if (available < bytes) {
-    std::size_t need = round_up(std::max(bytes - available, slab_bytes_), kPage);
-    char* base = pin(need);  // throws with nothing taken
-    add_slab_locked(base, need);
+  while (free_bytes_locked() < bytes) {
+    if (background_running_ && stats_.pinned_bytes < target_bytes_) {
+      changed_.wait(lock);  // a reserve() is pinning; its slabs may be enough
+      continue;
+    }
+    std::size_t need = bytes - free_bytes_locked();
+    lock.unlock();
+    grow(need);  // throws with nothing taken
+    lock.lock();
   }
   meta_vector<host_extent> out;
   std::size_t left = bytes;
   for (auto it = free_.begin(); left && it != free_.end();) {
     std::size_t take = std::min(left, it->second);
-    out.push_back({it->first, take});
+    out.push_back({it->first, take});  // may throw bad_alloc before anything changed below
     auto slab_it = std::prev(slabs_.upper_bound(it->first));
     slab_it->second.used += take;
     char* start = it->first;
@@ -122,11 +100,12 @@ meta_vector<host_extent> host_store::acquire(std::size_t bytes) {
 void host_store::give_back_locked(char* ptr, std::size_t size) {
   auto slab_it = std::prev(slabs_.upper_bound(ptr));
   slab_it->second.used -= size;
-  char* slab_end = slab_it->first + slab_it->second.size;
+  char* slab_start = slab_it->first;
+  char* slab_end = slab_start + slab_it->second.size;
   auto next = free_.lower_bound(ptr);
   if (next != free_.begin()) {
     auto prev = std::prev(next);
-    if (prev->first + prev->second == ptr && prev->first >= slab_it->first) {
+    if (prev->first + prev->second == ptr && prev->first >= slab_start) {
       ptr = prev->first;
       size += prev->second;
       free_.erase(prev);
@@ -147,46 +126,66 @@ void host_store::release(const meta_vector<host_extent>& extents) noexcept {
   }
 }
 
+void host_store::background_loop() {
+  for (;;) {
+    std::size_t need = 0;
+    {
+      std::lock_guard lock(mutex_);
+      if (stats_.pinned_bytes >= target_bytes_) break;
+      need = target_bytes_ - stats_.pinned_bytes;
+    }
+    try {
+      grow(need);
+    } catch (...) {
+      break;  // dropped: the next acquire pins for itself and reports its own failure
+    }
+  }
+  std::lock_guard lock(mutex_);
+  background_running_ = false;
+  changed_.notify_all();
+}
+
 void host_store::reserve(std::size_t bytes, bool wait) {
   std::unique_lock lock(mutex_);
-  wait_background(lock);
-  if (stats_.pinned_bytes >= bytes) return;
-  std::size_t need = round_up(bytes - stats_.pinned_bytes, kPage);
   if (wait) {
-    char* base = pin(need);
-    add_slab_locked(base, need);
+    changed_.wait(lock, [&] { return !background_running_; });
+    if (stats_.pinned_bytes >= bytes) return;
+    std::size_t need = bytes - stats_.pinned_bytes;
+    lock.unlock();
+    grow(need);
     return;
   }
+  target_bytes_ = std::max(target_bytes_, bytes);
+  if (background_running_ || stats_.pinned_bytes >= target_bytes_) return;
+  if (background_.joinable()) background_.join();  // finished: it cleared background_running_
   background_running_ = true;
-  background_ = std::thread([this, need] {
-    char* base = nullptr;
-    try {
-      base = pin(need);
-    } catch (...) {
-      base = nullptr;  // reported by the next acquire(), which pins what it needs itself
-    }
-    std::lock_guard lock(mutex_);
-    if (base) add_slab_locked(base, need);
+  try {
+    background_ = std::thread([this] { background_loop(); });
+  } catch (...) {
     background_running_ = false;
-    background_done_.notify_all();
-  });
+    throw;
+  }
 }
 
 void host_store::trim(std::size_t keep_bytes) {
-  std::unique_lock lock(mutex_);
-  wait_background(lock);
-  for (auto it = slabs_.begin(); it != slabs_.end() && stats_.pinned_bytes > keep_bytes;) {
-    if (it->second.used) {
-      ++it;
-      continue;
+  meta_vector<pinned_range> doomed;
+  {
+    std::unique_lock lock(mutex_);
+    target_bytes_ = std::min(target_bytes_, keep_bytes);
+    changed_.wait(lock, [&] { return !background_running_; });
+    doomed.reserve(slabs_.size());
+    for (auto it = slabs_.begin(); it != slabs_.end() && stats_.pinned_bytes > keep_bytes;) {
+      if (it->second.used || stats_.pinned_bytes - it->second.size < keep_bytes) {
+        ++it;  // holds a backup, or freeing it would go below keep_bytes
+        continue;
+      }
+      doomed.push_back({it->first, it->second.size});
+      free_.erase(it->first);  // an unused slab is one free range
+      stats_.pinned_bytes -= it->second.size;
+      it = slabs_.erase(it);
     }
-    char* base = it->first;
-    std::size_t size = it->second.size;
-    free_.erase(base);  // an unused slab is one free range
-    unpin(base);
-    stats_.pinned_bytes -= size;
-    it = slabs_.erase(it);
   }
+  unpin_parallel(doomed.data(), doomed.size(), threads_, method_, context_);
 }
 
 host_store_stats host_store::stats() {

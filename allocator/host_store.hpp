@@ -3,8 +3,11 @@
 // Note [pin once]: pinning host memory costs far more than copying through it (DESIGN.md: 4 GiB
 // took 4.3 s to cudaHostAlloc, against ~75 ms to copy), so the store pins slabs once and keeps
 // them: an offload takes extents from free slab space, a reload gives them back, and later
-// cycles reuse the same pinned pages. Slabs are only unpinned by trim(). reserve() grows the
-// store ahead of need on a background thread.
+// cycles reuse the same pinned pages; steady state pins and unpins nothing, so the high-water
+// mark stays flat from the second cycle on. Slabs are only unpinned by trim() and destruction.
+// Growing pins several slabs at once on several threads (Note [pinning method] in
+// host_pinning.hpp); reserve() does it ahead of need on a background thread, and acquire() waits
+// for that thread only while free space falls short of its request.
 #pragma once
 
 #include <cuda.h>
@@ -12,8 +15,10 @@
 #include <condition_variable>
 #include <cstddef>
 #include <mutex>
+#include <string>
 #include <thread>
 
+#include "host_pinning.hpp"
 #include "metadata_heap.hpp"
 
 namespace tagmem {
@@ -31,41 +36,47 @@ struct host_store_stats {
 
 class host_store {
  public:
+  // Reads TAGMEM_HOST_PIN and TAGMEM_HOST_PIN_THREADS (throws INVALID_ARGUMENT).
   host_store(std::size_t slab_bytes, CUcontext context);
-  ~host_store();  // waits for background pinning, frees every slab
+  ~host_store();  // stops background pinning after its current pieces, unpins every slab
   host_store(const host_store&) = delete;
   host_store& operator=(const host_store&) = delete;
 
-  // Extents adding up to exactly `bytes`, pinning a new slab for what free space lacks.
-  // Throws HOST_OUT_OF_MEMORY / DRIVER with nothing taken.
+  // Extents adding up to exactly `bytes`, pinning what free space lacks. Throws
+  // HOST_OUT_OF_MEMORY / DRIVER with nothing taken (slabs pinned on the way stay in the store).
   meta_vector<host_extent> acquire(std::size_t bytes);
   void release(const meta_vector<host_extent>& extents) noexcept;
 
-  // Grows the store to at least `bytes` in total; with wait=false on a background thread.
+  // Grows the store to at least `bytes` in total; with wait=false on a background thread (a
+  // failure there is dropped: the next acquire pins what it needs and reports its own).
   void reserve(std::size_t bytes, bool wait);
-  // Frees slabs that hold no extent while the store is larger than keep_bytes.
+  // Unpins slabs that hold no extent as long as at least keep_bytes stay pinned; cancels
+  // background growth beyond keep_bytes.
   void trim(std::size_t keep_bytes);
 
   host_store_stats stats();
 
  private:
   struct slab {
-    char* base;
     std::size_t size;
     std::size_t used;  // bytes handed out from it
   };
-  char* pin(std::size_t bytes);  // throws
-  void unpin(char* p) noexcept;
-  void add_slab_locked(char* base, std::size_t size);
+  void grow(std::size_t bytes);  // pins on this thread's helpers; call without the lock
+  void add_slab(pinned_range r);
   void give_back_locked(char* ptr, std::size_t size);
-  void wait_background(std::unique_lock<std::mutex>& lock);
+  std::size_t free_bytes_locked() const;
+  void background_loop();
+  void stop_background(std::unique_lock<std::mutex>& lock);
 
   std::size_t slab_bytes_;
-  CUcontext context_;  // current while pinning (any context will do)
+  CUcontext context_;  // current while pinning (any context will do: slabs are PORTABLE)
+  pin_method method_;
+  unsigned threads_;
   std::mutex mutex_;
-  std::condition_variable background_done_;
-  bool background_running_ = false;
+  std::condition_variable changed_;  // a slab was added or background pinning stopped
   std::thread background_;
+  bool background_running_ = false;
+  std::size_t target_bytes_ = 0;       // what background pinning grows the store to
   meta_map<char*, slab> slabs_;        // by base
   meta_map<char*, std::size_t> free_;  // free ranges, by address, coalesced within slabs
   host_store_stats stats_;

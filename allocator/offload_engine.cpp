@@ -1,224 +1,336 @@
-// offload_engine.cpp — the copy pipeline behind offload and reload.
+// offload_engine.cpp — the copy pipeline behind offload, reload and swap.
 //
 // Note [offload waits]: unmapping memory that a kernel or copy still uses is undefined
 // behaviour, and tagmem cannot know every stream the application touched a tag from (PyTorch
-// records extra streams itself), so offload first synchronises the device's primary context.
-// Only then are the copies queued, and only after every copy has completed is anything
-// unmapped: a copy that fails leaves every tag resident with its bytes where they were.
+// records extra streams itself), so a pipeline with tags going out first synchronises the
+// device's primary context.
 //
-// Note [reload coalescing]: an offloaded tag's mappings are restored as runs of adjacent
-// mappings, each run one cuMemCreate/cuMemMap/cuMemSetAccess of up to max_mapping_bytes, since
-// map/unmap cost is per physical allocation (DESIGN.md: 4,096 chunks of 2 MiB cost ~0.39 s,
-// 16 chunks of 512 MiB ~7 ms). After the first cycle a tag therefore has few large mappings,
-// whatever the number of its allocations. Runs are cut only at old mapping boundaries, so every
-// segment stays inside one mapping (block_pool::release_cached relies on that).
+// Note [unmap as copied]: every device-to-host copy of every out-tag is queued at once, in
+// copy_piece_bytes pieces round-robin over the device's D2H streams, each followed by an event.
+// A queueing failure therefore happens before anything is unmapped and leaves every tag as it
+// was. Then one loop on the calling thread unmaps each out-mapping as soon as the events of the
+// copies covering it have fired, and maps each in-run as soon as device memory allows, queueing
+// its host-to-device copies on the H2D streams: unmapping overlaps copying, and in a swap both
+// PCIe directions run at once. When the in-tags only fit once the out-tags are gone, an in-run
+// waits until enough out-mappings are unmapped (a budget started from cuMemGetInfo; an
+// out-of-memory from cuMemCreate while out-mappings remain means "wait for more", not failure).
+// A copy that fails once unmapping has begun (an asynchronous error, which CUDA makes sticky)
+// cannot be undone by not unmapping; the out-tags are then reloaded from their backups, which
+// hold every byte already unmapped, so that "a failed copy leaves every tag resident" still
+// holds wherever the driver still works, and nothing is lost where it does not.
 //
-// Copies go in pieces of copy_piece_bytes, round-robin over the device's copy streams, so
-// several are in flight and mapping the next run overlaps copying the previous one.
+// Note [reload coalescing]: an offloaded tag's mappings come back as runs of adjacent mappings,
+// each one cuMemCreate/cuMemMap/cuMemSetAccess of up to max_mapping_bytes, since map/unmap cost
+// is per physical allocation (DESIGN.md: 4,096 chunks of 2 MiB cost ~0.39 s, 16 chunks of
+// 512 MiB ~7 ms). After the first cycle a tag therefore has few large mappings, whatever the
+// number of its allocations. Runs are cut only at old mapping boundaries, so every segment stays
+// inside one mapping (block_pool::release_cached relies on that).
 #include "offload_engine.hpp"
 
 #include <algorithm>
+#include <exception>
 
 #include "driver/driver.hpp"
+#include "transfer_plan.hpp"
 
 namespace tagmem {
 namespace {
 
-// Lays the tag's resident mappings onto host extents, cut at extent boundaries and at `piece`
-// bytes, in device-address order.
-meta_vector<backup_piece> lay_out(tag& t, const meta_vector<host_extent>& extents,
-                                  std::size_t piece) {
-  meta_vector<backup_piece> out;
-  std::size_t e = 0, e_off = 0;
-  for (auto& [va, m] : t.arena().mappings()) {
-    if (!m.resident) continue;
-    std::size_t done = 0;
-    while (done < m.size) {
-      TAGMEM_ASSERT(e < extents.size());
-      std::size_t n = std::min({piece, m.size - done, extents[e].size - e_off});
-      out.push_back({va + done, extents[e].ptr + e_off, n});
-      done += n;
-      e_off += n;
-      if (e_off == extents[e].size) {
-        ++e;
-        e_off = 0;
-      }
-    }
-  }
-  return out;
-}
+class pipeline {
+ public:
+  pipeline(device& dev, tagmem_offload_mode mode, host_store& store, const config& cfg)
+      : dev_(dev), mode_(mode), store_(store), cfg_(cfg) {}
+  ~pipeline();
+  pipeline(const pipeline&) = delete;
+  pipeline& operator=(const pipeline&) = delete;
 
-std::size_t resident_bytes(tag& t) {
-  std::size_t n = 0;
-  for (auto& [va, m] : t.arena().mappings()) n += m.resident ? m.size : 0;
-  return n;
-}
+  void run(tag* const* outs, std::size_t out_count, tag* const* ins, std::size_t in_count);
 
-// Drops pieces whose device range lies in a mapping that is still resident.
-void drop_resident_pieces(tag& t) {
-  auto& maps = t.arena().mappings();
-  auto& pieces = t.pieces();
-  std::erase_if(pieces, [&](const backup_piece& p) {
-    auto it = maps.upper_bound(p.dev);
-    return it != maps.begin() && std::prev(it)->second.resident;
-  });
-}
+ private:
+  bool out_left() const noexcept { return out_at_ < outs_.size(); }
+  bool in_open() const noexcept { return !in_error_ && in_at_ < ins_.size(); }
 
-struct staged {
-  tag* t;
-  meta_vector<host_extent> extents;
-  meta_vector<backup_piece> pieces;
-  std::size_t bytes;
+  void queue_out_copies();
+  bool unmap_next(bool block);
+  void start(outgoing& o);
+  void commit(outgoing& o);
+  void restore_outs() noexcept;
+
+  bool map_next();
+  void queue_in_copies(incoming& in, CUdeviceptr mapped_end);
+  void finish_ins();
+  void commit(incoming& in);
+  void undo(incoming& in) noexcept;
+
+  device& dev_;
+  tagmem_offload_mode mode_;
+  host_store& store_;
+  const config& cfg_;
+  meta_vector<outgoing> outs_;
+  meta_vector<incoming> ins_;
+  std::size_t out_at_ = 0;  // outs_[0, out_at_) are committed
+  std::size_t in_at_ = 0;   // ins_[0, in_at_) are fully mapped, their copies queued
+  std::size_t budget_ = 0;  // device bytes an in-run may still take (only while outs remain)
+  std::exception_ptr in_error_;
+  std::size_t next_d2h_ = 0, next_h2d_ = 0;
 };
 
-}  // namespace
-
-void offload_tags(device& dev, tag* const* tags, std::size_t count, tagmem_offload_mode mode,
-                  host_store& store, const config& cfg) {
-  context_guard guard(dev.context());
-  TAGMEM_CU(cuCtxSynchronize, dev.context());  // Note [offload waits]
-
-  // 1. Host space and the copy plan for every tag; nothing is changed yet.
-  meta_vector<staged> work;
-  work.reserve(count);
-  auto give_back = [&](std::size_t from) {
-    for (std::size_t i = from; i < work.size(); ++i) store.release(work[i].extents);
-  };
-  try {
-    for (std::size_t i = 0; i < count; ++i) {
-      staged s{tags[i], {}, {}, resident_bytes(*tags[i])};
-      if (mode == TAGMEM_BACKUP && s.bytes) {
-        s.extents = store.acquire(s.bytes);
-        work.push_back(std::move(s));
-        work.back().pieces = lay_out(*work.back().t, work.back().extents, cfg.copy_piece_bytes);
-      } else {
-        work.push_back(std::move(s));
-      }
-    }
-  } catch (...) {
-    give_back(0);
-    throw;
-  }
-
-  // 2. Copies, all queued before any is waited for; a failure leaves every tag as it was.
-  if (mode == TAGMEM_BACKUP) {
-    try {
-      std::size_t next = 0;
-      for (staged& s : work) {
-        for (const backup_piece& p : s.pieces) {
-          TAGMEM_CU(cuMemcpyDtoHAsync, p.host, p.dev, p.bytes, dev.d2h_stream(next++));
-        }
-      }
-      dev.synchronize_copy_streams();
-    } catch (...) {
-      try {
-        dev.synchronize_copy_streams();
-      } catch (...) {
-      }
-      give_back(0);
-      throw;
-    }
-  }
-
-  // 3. Unmap and release, tag by tag; the backup now holds every byte.
-  for (std::size_t i = 0; i < work.size(); ++i) {
-    staged& s = work[i];
-    tag& t = *s.t;
-    // Join what an earlier, interrupted offload already moved out.
-    auto& pieces = t.pieces();
-    pieces.insert(pieces.end(), s.pieces.begin(), s.pieces.end());
-    std::sort(pieces.begin(), pieces.end(),
-              [](const backup_piece& a, const backup_piece& b) { return a.dev < b.dev; });
-    t.extents().insert(t.extents().end(), s.extents.begin(), s.extents.end());
-    s.extents.clear();
-    t.set_offloaded(mode, true);
-    for (auto& [va, m] : t.arena().mappings()) {
-      if (!m.resident) continue;
-      try {
-        t.arena().unmap(va);
-      } catch (...) {
-        drop_resident_pieces(t);  // the tag stays partial: retry offload or reload it
-        give_back(i + 1);
-        throw;
-      }
-    }
-    t.set_offloaded(t.mode(), false);
-    t.counters().offload_count++;
-    t.counters().bytes_offloaded += mode == TAGMEM_BACKUP ? s.bytes : 0;
+pipeline::~pipeline() {
+  for (outgoing& o : outs_) {
+    for (CUevent e : o.done) dev_.release_event(e);
   }
 }
 
-namespace {
+// ---- out side -----------------------------------------------------------------------------
 
-struct run {
-  CUdeviceptr va;
-  std::size_t size;
-  CUmemGenericAllocationHandle handle;
-};
+void pipeline::queue_out_copies() {
+  for (outgoing& o : outs_) {
+    o.done.reserve(o.pieces.size());
+    for (const backup_piece& p : o.pieces) {
+      CUstream s = dev_.d2h_stream(next_d2h_++);
+      TAGMEM_CU(cuMemcpyDtoHAsync, p.host, p.dev, p.bytes, s);
+      o.done.push_back(dev_.acquire_event());
+      TAGMEM_CU(cuEventRecord, o.done.back(), s);
+    }
+  }
+}
 
-// Adjacent non-resident mappings grouped into runs of at most max_bytes (a single larger
-// mapping forms a run of its own). Note [reload coalescing].
-meta_vector<run> plan_runs(tag& t, std::size_t max_bytes) {
-  meta_vector<run> runs;
-  for (auto& [va, m] : t.arena().mappings()) {
-    if (m.resident) continue;
-    if (!runs.empty() && runs.back().va + runs.back().size == va &&
-        runs.back().size + m.size <= max_bytes) {
-      runs.back().size += m.size;
+// Unmaps the next out-mapping if its copies have finished (waiting for them when `block`), or
+// commits the current out-tag when it has none left. Returns whether it did either.
+bool pipeline::unmap_next(bool block) {
+  outgoing& o = outs_[out_at_];
+  if (o.next_map == o.maps.size()) {
+    if (!o.started) start(o);
+    commit(o);
+    ++out_at_;
+    return true;
+  }
+  const out_mapping& m = o.maps[o.next_map];
+  const auto& api = driver::api();
+  for (; o.waited < m.pieces_end; ++o.waited) {
+    CUevent e = o.done[o.waited];
+    if (block) {
+      TAGMEM_CU(cuEventSynchronize, e);
     } else {
-      runs.push_back({va, m.size, 0});
+      CUresult r = api.cuEventQuery(e);
+      if (r == CUDA_ERROR_NOT_READY) return false;
+      driver::check(r, "cuEventQuery");
     }
   }
-  return runs;
+  if (!o.started) start(o);
+  o.t->arena().unmap(m.va);  // Note [unmap as copied]
+  ++o.next_map;
+  budget_ += m.size;
+  return true;
 }
 
-}  // namespace
+// The tag takes this offload's pieces and extents and is offloaded-partial until committed.
+void pipeline::start(outgoing& o) {
+  tag& t = *o.t;
+  auto& pieces = t.pieces();
+  pieces.insert(pieces.end(), o.pieces.begin(), o.pieces.end());
+  std::sort(pieces.begin(), pieces.end(),
+            [](const backup_piece& a, const backup_piece& b) { return a.dev < b.dev; });
+  t.extents().insert(t.extents().end(), o.extents.begin(), o.extents.end());
+  o.extents.clear();
+  t.set_offloaded(mode_, true);
+  o.started = true;
+}
 
-void reload_tag(device& dev, tag& t, host_store& store, const config& cfg) {
-  context_guard guard(dev.context());
-  meta_vector<run> runs = plan_runs(t, cfg.max_mapping_bytes);
-  std::size_t mapped = 0;  // runs[0, mapped) are mapped
-  auto undo = [&] {
-    try {
-      dev.synchronize_copy_streams();
-    } catch (...) {
-    }
-    for (std::size_t i = 0; i < mapped; ++i) {
-      try {
-        unmap_physical(runs[i].va, runs[i].size, runs[i].handle);
-      } catch (...) {
-      }
-    }
-  };
-  std::size_t copied = 0;
+void pipeline::commit(outgoing& o) {
+  o.t->set_offloaded(mode_, false);
+  o.t->counters().offload_count++;
+  o.t->counters().bytes_offloaded += mode_ == TAGMEM_BACKUP ? o.bytes : 0;
+  o.committed = true;
+}
+
+// After a failure on the out side: no in-tag changes, and every out-tag that began unmapping is
+// reloaded from its backup (Note [unmap as copied]).
+void pipeline::restore_outs() noexcept {
   try {
-    const auto& pieces = t.pieces();
-    auto p = pieces.begin();
-    std::size_t next = 0;
-    for (run& r : runs) {
-      r.handle = map_physical(dev, r.va, r.size);
-      ++mapped;
-      // Pieces (none for DISCARD) are sorted by address; copy those inside this run while the next
-      // run maps.
-      while (p != pieces.end() && p->dev < r.va) ++p;
-      for (; p != pieces.end() && p->dev < r.va + r.size; ++p) {
-        TAGMEM_CU(cuMemcpyHtoDAsync, p->dev, p->host, p->bytes, dev.h2d_stream(next++));
-        copied += p->bytes;
-      }
-    }
-    dev.synchronize_copy_streams();
-  } catch (...) {
-    undo();
-    throw;
+    dev_.synchronize_copy_streams();
+  } catch (...) {  // a sticky error: the reload below fails too and the tags stay partial
   }
-  // Commit: nothing below can fail except allocating records.
-  for (const run& r : runs) t.arena().adopt(r.va, r.size, r.handle);
-  store.release(t.extents());
+  for (incoming& in : ins_) undo(in);
+  in_at_ = ins_.size();
+  meta_vector<tag*> back;
+  for (outgoing& o : outs_) {
+    if (!o.started) {
+      store_.release(o.extents);
+      o.extents.clear();
+      continue;
+    }
+    try {
+      keep_offloaded_pieces(*o.t);
+      o.t->set_offloaded(o.t->mode(), true);
+      back.push_back(o.t);
+    } catch (...) {  // no memory for records: the tag stays partial with every piece
+    }
+  }
+  if (back.empty()) return;
+  try {
+    pipeline undo_pipeline(dev_, mode_, store_, cfg_);
+    undo_pipeline.run(nullptr, 0, back.data(), back.size());
+  } catch (...) {  // the tags stay partial: what is unmapped is in their backups
+  }
+}
+
+// ---- in side ------------------------------------------------------------------------------
+
+// Maps the next in-run (or finishes the current in-tag). Returns whether it made progress;
+// false when device memory must first come back from the out side, or on a failure, which is
+// kept in in_error_ (the out side goes on).
+bool pipeline::map_next() {
+  incoming& in = ins_[in_at_];
+  if (in.mapped == in.runs.size()) {
+    if (in.next_piece != in.t->pieces().size()) {
+      in_error_ = std::make_exception_ptr(
+          error(TAGMEM_ERROR_INTERNAL,
+                std::string("reload of tag '") + in.t->name() + "' left backup pieces uncopied"));
+      return false;
+    }
+    ++in_at_;
+    return true;
+  }
+  in_run& r = in.runs[in.mapped];
+  if (out_left() && r.size > budget_) return false;
+  try {
+    r.handle = map_physical(dev_, r.va, r.size);
+  } catch (const error& e) {
+    if (e.code() == TAGMEM_ERROR_OUT_OF_MEMORY && out_left()) {
+      budget_ = 0;  // wait for the next unmap
+      return false;
+    }
+    in_error_ = std::current_exception();
+    return false;
+  } catch (...) {
+    in_error_ = std::current_exception();
+    return false;
+  }
+  ++in.mapped;
+  budget_ -= std::min(budget_, r.size);
+  try {
+    queue_in_copies(in, r.va + r.size);
+  } catch (...) {
+    in_error_ = std::current_exception();
+    return false;
+  }
+  return true;
+}
+
+// Queues the in-tag's pieces that end inside what is mapped so far (runs are mapped in address
+// order and every piece lies in adjacent runs).
+void pipeline::queue_in_copies(incoming& in, CUdeviceptr mapped_end) {
+  const auto& pieces = in.t->pieces();
+  for (; in.next_piece < pieces.size(); ++in.next_piece) {
+    const backup_piece& p = pieces[in.next_piece];
+    if (p.dev + p.bytes > mapped_end) break;
+    TAGMEM_CU(cuMemcpyHtoDAsync, p.dev, p.host, p.bytes, dev_.h2d_stream(next_h2d_++));
+    in.copied += p.bytes;
+  }
+}
+
+void pipeline::finish_ins() {
+  if (ins_.empty()) return;
+  std::size_t good = in_at_;
+  try {
+    dev_.synchronize_copy_streams();
+  } catch (...) {  // which copy failed is unknown: no in-tag is trusted
+    if (!in_error_) in_error_ = std::current_exception();
+    good = 0;
+  }
+  for (std::size_t i = 0; i < ins_.size(); ++i) {
+    if (i < good) {
+      commit(ins_[i]);
+    } else {
+      undo(ins_[i]);
+    }
+  }
+  if (in_error_) std::rethrow_exception(in_error_);
+}
+
+void pipeline::commit(incoming& in) {
+  tag& t = *in.t;
+  for (const in_run& r : in.runs) t.arena().adopt(r.va, r.size, r.handle);
+  store_.release(t.extents());
   t.extents().clear();
   t.pieces().clear();
   t.set_resident();
   t.counters().reload_count++;
-  t.counters().bytes_reloaded += copied;
+  t.counters().bytes_reloaded += in.copied;
+}
+
+// Unmaps what was mapped for an in-tag; it stays offloaded with its backup. The copies into it
+// must have finished (or failed) first.
+void pipeline::undo(incoming& in) noexcept {
+  for (std::size_t i = 0; i < in.mapped; ++i) {
+    try {
+      unmap_physical(in.runs[i].va, in.runs[i].size, in.runs[i].handle);
+    } catch (...) {
+    }
+  }
+  in.mapped = 0;
+  in.next_piece = 0;
+  in.copied = 0;
+}
+
+// ---- the loop -----------------------------------------------------------------------------
+
+void pipeline::run(tag* const* outs, std::size_t out_count, tag* const* ins, std::size_t in_count) {
+  context_guard guard(dev_.context());
+  ins_.reserve(in_count);
+  for (std::size_t i = 0; i < in_count; ++i) {
+    ins_.push_back({});
+    ins_.back().t = ins[i];
+    plan_incoming(ins_.back(), cfg_.max_mapping_bytes);
+  }
+  if (out_count) {
+    TAGMEM_CU(cuCtxSynchronize, dev_.context());  // Note [offload waits]
+    if (in_count) {  // before anything is taken: a failure here changes nothing
+      std::size_t total = 0;
+      dev_.memory_info(&budget_, &total);
+    }
+    outs_.reserve(out_count);
+    try {
+      for (std::size_t i = 0; i < out_count; ++i) {
+        outs_.push_back({});
+        outs_.back().t = outs[i];
+        if (outs[i]->partial()) keep_offloaded_pieces(*outs[i]);
+        plan_outgoing(outs_.back(), mode_, store_, cfg_.copy_piece_bytes);
+      }
+      queue_out_copies();
+    } catch (...) {  // nothing is unmapped yet: every tag is as it was
+      try {
+        dev_.synchronize_copy_streams();
+      } catch (...) {
+      }
+      for (outgoing& o : outs_) store_.release(o.extents);
+      throw;
+    }
+  }
+  try {
+    while (out_left() || in_open()) {
+      bool progress = false;
+      while (out_left() && unmap_next(false)) progress = true;
+      while (in_open() && map_next()) progress = true;
+      if (!progress) {
+        if (!out_left()) break;  // the in side stopped on a failure
+        unmap_next(true);
+      }
+    }
+  } catch (...) {
+    restore_outs();
+    throw;
+  }
+  finish_ins();
+}
+
+}  // namespace
+
+void move_tags(device& dev, tag* const* outs, std::size_t out_count, tagmem_offload_mode mode,
+               tag* const* ins, std::size_t in_count, host_store& store, const config& cfg) {
+  pipeline p(dev, mode, store, cfg);
+  p.run(outs, out_count, ins, in_count);
 }
 
 }  // namespace tagmem

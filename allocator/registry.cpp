@@ -200,10 +200,47 @@ void registry::reload(const char* const* names, std::size_t count, int ordinal) 
     TAGMEM_EXPECTS(t->offloaded(), TAGMEM_ERROR_TAG_RESIDENT,
                    std::string("tag '") + t->name() + "' is resident; nothing to reload");
   }
-  for (tag* t : list) reload_tag(dev(ordinal), *t, hs, cfg_);
+  reload_tags(dev(ordinal), list.data(), list.size(), hs, cfg_);  // one pipeline for the list
+}
+
+void registry::swap(const char* const* out_names, std::size_t out_count,
+                    const char* const* in_names, std::size_t in_count, int ordinal,
+                    tagmem_offload_mode mode) {
+  TAGMEM_EXPECTS(mode == TAGMEM_BACKUP || mode == TAGMEM_DISCARD, TAGMEM_ERROR_INVALID_ARGUMENT,
+                 "offload mode must be TAGMEM_BACKUP or TAGMEM_DISCARD");
+  meta_vector<tag*> outs = lookup_unique(out_names, out_count, ordinal);
+  meta_vector<tag*> ins = lookup_unique(in_names, in_count, ordinal);
+  for (tag* t : ins) {
+    TAGMEM_EXPECTS(std::find(outs.begin(), outs.end(), t) == outs.end(),
+                   TAGMEM_ERROR_INVALID_ARGUMENT,
+                   std::string("tag '") + t->name() + "' is in both lists");
+  }
+  if (outs.empty() && ins.empty()) return;
+  host_store& hs = store();
+  meta_vector<tag*> all(outs);
+  all.insert(all.end(), ins.begin(), ins.end());
+  multi_lock lock(std::move(all));
+  for (tag* t : outs) {
+    TAGMEM_EXPECTS(!t->offloaded() || t->partial(), TAGMEM_ERROR_TAG_OFFLOADED,
+                   std::string("tag '") + t->name() + "' is already offloaded");
+  }
+  for (tag* t : ins) {
+    TAGMEM_EXPECTS(t->offloaded(), TAGMEM_ERROR_TAG_RESIDENT,
+                   std::string("tag '") + t->name() + "' is resident; nothing to reload");
+  }
+  // One pipeline: the out-tags' copies and unmaps overlap the in-tags' maps and copies.
+  move_tags(dev(ordinal), outs.data(), outs.size(), mode, ins.data(), ins.size(), hs, cfg_);
 }
 
 std::size_t registry::empty_cache(int ordinal) {
+  // Note [offload waits] applies here too: the last block of a chunk may have been freed on a
+  // stream whose queued work still uses it (tagmem_free is stream-ordered), and unmapping memory
+  // under a running copy or kernel faults. Wait for the device before unmapping anything.
+  device& d = dev(ordinal);
+  {
+    context_guard guard(d.context());
+    TAGMEM_CU(cuCtxSynchronize, d.context());
+  }
   std::size_t released = 0;
   for (tag* t : tags(ordinal)) {
     std::lock_guard lock(t->mutex());

@@ -40,6 +40,8 @@ class registry {
   void* allocate(std::size_t size, const char* name, int ordinal, CUstream stream);
   void offload(const char* const* names, std::size_t count, int ordinal, tagmem_offload_mode mode);
   void reload(const char* const* names, std::size_t count, int ordinal);
+  void swap(const char* const* out_names, std::size_t out_count, const char* const* in_names,
+            std::size_t in_count, int ordinal, tagmem_offload_mode mode);
   std::size_t empty_cache(int ordinal);
 
  private:

@@ -1,0 +1,169 @@
+// host_pinning.cpp — pinning methods and the threads that run them (Note [pinning method]).
+#include "host_pinning.hpp"
+
+#include <sys/mman.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+#include <exception>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "device.hpp"
+#include "driver/driver.hpp"
+
+namespace tagmem {
+namespace {
+
+constexpr std::size_t kHuge = 2u << 20;
+
+std::size_t round_up(std::size_t v, std::size_t to) { return (v + to - 1) / to * to; }
+
+// A 2 MiB aligned anonymous mapping, so that huge pages can back all of it.
+char* map_aligned(std::size_t bytes) {
+  void* p =
+      mmap(nullptr, bytes + kHuge, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  TAGMEM_EXPECTS(p != MAP_FAILED, TAGMEM_ERROR_HOST_OUT_OF_MEMORY,
+                 "cannot map " + std::to_string(bytes) + " bytes of host memory to pin");
+  auto start = reinterpret_cast<std::uintptr_t>(p);
+  auto aligned = round_up(start, kHuge);
+  if (aligned > start) munmap(p, aligned - start);
+  std::size_t tail = start + bytes + kHuge - (aligned + bytes);
+  if (tail) munmap(reinterpret_cast<char*>(aligned + bytes), tail);
+  return reinterpret_cast<char*>(aligned);
+}
+
+// Runs body(i) for i in [0, n) on up to `threads` threads, each taking the next index.
+template <class F>
+void for_each_index(std::size_t n, unsigned threads, F&& body) {
+  std::atomic<std::size_t> next{0};
+  auto work = [&] {
+    for (std::size_t i; (i = next.fetch_add(1)) < n;) body(i);
+  };
+  std::vector<std::thread> pool;
+  std::size_t extra = std::min<std::size_t>(threads, n) - (n ? 1 : 0);
+  try {
+    pool.reserve(extra);
+    for (std::size_t i = 0; i < extra; ++i) pool.emplace_back(work);
+  } catch (...) {  // fewer threads than asked: the ones running, and this one, do the rest
+  }
+  work();
+  for (auto& t : pool) t.join();
+}
+
+}  // namespace
+
+pin_method pin_method_from_env() {
+  const char* m = std::getenv("TAGMEM_HOST_PIN");
+  if (!m || !*m || std::strcmp(m, "register") == 0) return pin_method::register_huge;
+  if (std::strcmp(m, "register_small") == 0) return pin_method::register_small;
+  if (std::strcmp(m, "host_alloc") == 0) return pin_method::host_alloc;
+  fail(TAGMEM_ERROR_INVALID_ARGUMENT,
+       std::string("TAGMEM_HOST_PIN='") + m + "': expected register, register_small or host_alloc");
+}
+
+const char* pin_method_name(pin_method how) noexcept {
+  switch (how) {
+    case pin_method::register_huge:
+      return "register";
+    case pin_method::register_small:
+      return "register_small";
+    case pin_method::host_alloc:
+      return "host_alloc";
+  }
+  return "?";
+}
+
+unsigned pin_threads_from_env() {
+  if (const char* t = std::getenv("TAGMEM_HOST_PIN_THREADS"); t && *t) {
+    long v = std::strtol(t, nullptr, 10);
+    TAGMEM_EXPECTS(v >= 1 && v <= 256, TAGMEM_ERROR_INVALID_ARGUMENT,
+                   std::string("TAGMEM_HOST_PIN_THREADS='") + t + "': expected 1..256");
+    return static_cast<unsigned>(v);
+  }
+  return std::clamp(std::thread::hardware_concurrency(), 1u, 16u);
+}
+
+pinned_range pin_range(std::size_t bytes, pin_method how, CUcontext context) {
+  const auto& api = driver::api();
+  context_guard guard(context);
+  if (how == pin_method::host_alloc) {
+    void* p = nullptr;
+    CUresult r = api.cuMemHostAlloc(&p, bytes, CU_MEMHOSTALLOC_PORTABLE);
+    if (r != CUDA_SUCCESS) {
+      fail(r == CUDA_ERROR_OUT_OF_MEMORY ? TAGMEM_ERROR_HOST_OUT_OF_MEMORY : TAGMEM_ERROR_DRIVER,
+           "cuMemHostAlloc of " + std::to_string(bytes) +
+               " bytes for the pinned host store failed: " + driver::describe(r));
+    }
+    return {static_cast<char*>(p), bytes};
+  }
+  char* base = map_aligned(bytes);
+  if (how == pin_method::register_huge) madvise(base, bytes, MADV_HUGEPAGE);  // advice only
+  // Fault the pages in here (one write per 4 KiB page) rather than inside the driver's single
+  // registering thread.
+  for (std::size_t off = 0; off < bytes; off += 4096) base[off] = 0;
+  CUresult r = api.cuMemHostRegister(base, bytes, CU_MEMHOSTREGISTER_PORTABLE);
+  if (r != CUDA_SUCCESS) {
+    munmap(base, bytes);
+    fail(r == CUDA_ERROR_OUT_OF_MEMORY ? TAGMEM_ERROR_HOST_OUT_OF_MEMORY : TAGMEM_ERROR_DRIVER,
+         "cuMemHostRegister of " + std::to_string(bytes) +
+             " bytes for the pinned host store failed: " + driver::describe(r));
+  }
+  return {base, bytes};
+}
+
+void unpin_range(const pinned_range& r, pin_method how, CUcontext context) noexcept {
+  const auto& api = driver::api();
+  CUcontext previous = nullptr;
+  api.cuCtxGetCurrent(&previous);
+  if (previous != context) api.cuCtxSetCurrent(context);
+  if (how == pin_method::host_alloc) {
+    api.cuMemFreeHost(r.base);
+  } else {
+    api.cuMemHostUnregister(r.base);
+    munmap(r.base, r.size);
+  }
+  if (previous != context) api.cuCtxSetCurrent(previous);
+}
+
+void pin_parallel(std::size_t bytes, std::size_t min_piece, unsigned threads, pin_method how,
+                  CUcontext context, const std::function<void(pinned_range)>& done) {
+  if (bytes == 0) return;
+  threads = std::max(threads, 1u);
+  min_piece = round_up(std::max(min_piece, kHuge), kHuge);
+  bytes = round_up(bytes, kHuge);
+  // As many pieces as threads, none smaller than min_piece.
+  std::size_t pieces = std::clamp<std::size_t>(bytes / min_piece, 1, threads);
+  std::size_t piece = round_up((bytes + pieces - 1) / pieces, kHuge);
+  std::mutex error_mutex;
+  std::exception_ptr first_error;
+  for_each_index(pieces, threads, [&](std::size_t i) {
+    std::size_t offset = i * piece;
+    if (offset >= bytes) return;
+    std::size_t n = std::min(piece, bytes - offset);
+    try {
+      pinned_range r = pin_range(n, how, context);
+      try {
+        done(r);
+      } catch (...) {
+        unpin_range(r, how, context);
+        throw;
+      }
+    } catch (...) {
+      std::lock_guard lock(error_mutex);
+      if (!first_error) first_error = std::current_exception();
+    }
+  });
+  if (first_error) std::rethrow_exception(first_error);
+}
+
+void unpin_parallel(const pinned_range* ranges, std::size_t count, unsigned threads, pin_method how,
+                    CUcontext context) noexcept {
+  for_each_index(count, threads, [&](std::size_t i) { unpin_range(ranges[i], how, context); });
+}
+
+}  // namespace tagmem

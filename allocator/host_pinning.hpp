@@ -1,0 +1,53 @@
+// host_pinning.hpp — how the host store pins memory, and pinning spread over threads.
+//
+// Note [pinning method]: pinning is CPU-bound (the kernel faults in, zeroes and locks every
+// page) and costs far more than copying through the memory (DESIGN.md: cudaHostAlloc of 4 GiB
+// took 4.3 s, registering 4 GiB of touched memory 0.33 s). The candidates are measured side by
+// side by benchmarks/pinning_bench.cpp on the GPU machine (docs/performance.md):
+//  - register:       mmap, advise transparent huge pages, fault the pages in by touching them,
+//                    cuMemHostRegister(PORTABLE). The default: touching parallelises, and huge
+//                    pages make both the faults and the driver's page walk 512x fewer.
+//  - register_small: the same without the huge-page advice (for kernels where THP hurts).
+//  - host_alloc:     cuMemHostAlloc(PORTABLE), the driver doing everything itself.
+// TAGMEM_HOST_PIN=register|register_small|host_alloc picks one at init. Whatever the method, a
+// large request is cut into pieces pinned by several threads at once (TAGMEM_HOST_PIN_THREADS,
+// default min(cores, 16)); each piece is its own slab of the store.
+#pragma once
+
+#include <cuda.h>
+
+#include <cstddef>
+#include <functional>
+
+namespace tagmem {
+
+enum class pin_method { register_huge, register_small, host_alloc };
+
+// TAGMEM_HOST_PIN (default register). Throws INVALID_ARGUMENT on an unknown name.
+pin_method pin_method_from_env();
+const char* pin_method_name(pin_method how) noexcept;
+// TAGMEM_HOST_PIN_THREADS, else min(hardware threads, 16); at least 1.
+unsigned pin_threads_from_env();
+
+struct pinned_range {
+  char* base = nullptr;
+  std::size_t size = 0;
+};
+
+// Pins `bytes` (a multiple of 2 MiB) as one range, with `context` current. Throws
+// HOST_OUT_OF_MEMORY or DRIVER with nothing left pinned or mapped.
+pinned_range pin_range(std::size_t bytes, pin_method how, CUcontext context);
+void unpin_range(const pinned_range& r, pin_method how, CUcontext context) noexcept;
+
+// Pins `bytes` as pieces of at least `min_piece` bytes (2 MiB multiples), up to `threads`
+// pieces at a time on as many threads, handing each pinned piece to `done` as soon as it is
+// ready (from the thread that pinned it). Pieces that fail are not handed out; the first
+// failure is rethrown after every thread has finished.
+void pin_parallel(std::size_t bytes, std::size_t min_piece, unsigned threads, pin_method how,
+                  CUcontext context, const std::function<void(pinned_range)>& done);
+
+// Unpins ranges on up to `threads` threads.
+void unpin_parallel(const pinned_range* ranges, std::size_t count, unsigned threads, pin_method how,
+                    CUcontext context) noexcept;
+
+}  // namespace tagmem

@@ -1,0 +1,129 @@
+// offload_bench.cpp — the scenario runner of issue 3: raw link, weights (with and without
+// pre-pinning), many small, kv cache, swap (roomy and memory-tight). Prints a progress log, then
+// one results table; exits 1 if any byte failed verification or any call failed.
+//
+//   tagmem_bench_offload [--scenarios=raw,weights,weights_prepinned,many_small,kv,swap,swap_tight]
+//                        [--scale=1] [--cycles=5] [--swap-cycles=3] [--small-count=10240]
+//                        [--kv-bytes=60G] [--link-bytes=4G] [--tsv=results.tsv]
+//                        [--link=H2D,D2H,BIDIR]
+//
+// --scale multiplies every default size (16.06 GB of weights, 60 GiB of kv cache, 4 GiB for the
+// raw link) so the same binary runs on the emulator (e.g. --scale=0.01). tagmem's own knobs
+// (TAGMEM_COPY_PIECE_BYTES, TAGMEM_MAX_MAPPING_BYTES, TAGMEM_CHUNK_BYTES, TAGMEM_HOST_PIN, ...)
+// come from the environment and are echoed in the header. The raw link is measured first unless
+// --link gives its GB/s from an earlier run of the same machine (the chunking sweeps of
+// gpu_run.sh do that to save time); every ratio is then against those numbers.
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <sstream>
+#include <stdexcept>
+
+#include "scenarios.hpp"
+
+using namespace tagmem::bench;
+
+namespace {
+
+bool wanted(const std::string& list, const std::string& name) {
+  std::stringstream ss(list);
+  for (std::string item; std::getline(ss, item, ',');) {
+    if (item == name || item == "all") return true;
+  }
+  return false;
+}
+
+void echo_environment() {
+  const char* knobs[] = {"TAGMEM_LIBCUDA",           "TAGMEM_COPY_PIECE_BYTES",
+                         "TAGMEM_MAX_MAPPING_BYTES", "TAGMEM_CHUNK_BYTES",
+                         "TAGMEM_HOST_PIN",          "TAGMEM_HOST_PIN_THREADS",
+                         "TAGMEM_HOST_SLAB_BYTES",   "TAGMEM_METADATA"};
+  for (const char* k : knobs) {
+    if (const char* v = std::getenv(k)) std::printf("# %s=%s\n", k, v);
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  args a(argc, argv,
+         {"scenarios", "scale", "cycles", "swap-cycles", "small-count", "kv-bytes", "link-bytes",
+          "tsv", "link"});
+  if (!a.ok()) {
+    std::fprintf(stderr, "tagmem_bench_offload: %s\n", a.error().c_str());
+    return 2;
+  }
+  options opt;
+  try {
+    opt.scale = a.num("scale", 1.0);
+    opt.cycles = std::max(2, int(a.num("cycles", 5)));
+    opt.swap_cycles = std::max(1, int(a.num("swap-cycles", 3)));
+    opt.small_count = std::max<std::size_t>(2, std::size_t(a.num("small-count", 10240)));
+    opt.kv_bytes = a.bytes("kv-bytes", std::size_t(60.0 * (1ull << 30) * opt.scale));
+    opt.link_bytes =
+        a.bytes("link-bytes",
+                std::max<std::size_t>(64u << 20, std::size_t(4.0 * (1ull << 30) * opt.scale)));
+  } catch (const std::exception& ex) {
+    std::fprintf(stderr, "tagmem_bench_offload: bad option: %s\n", ex.what());
+    return 2;
+  }
+  const std::string list =
+      a.str("scenarios", "raw,weights,weights_prepinned,many_small,kv,swap,swap_tight");
+  results out;
+  bool ok = true;
+  try {
+    use_device0();
+    std::printf("# tagmem offload benchmark on the %s driver, scale %.4g, %d cycles\n",
+                using_emulator() ? "EMULATED" : "real CUDA", opt.scale, opt.cycles);
+    echo_environment();
+    std::fflush(stdout);
+    // The pattern: random bytes, a size that is no power of two (dataset.hpp).
+    std::size_t pattern_bytes =
+        std::min<std::size_t>((256u << 20) - 4096 * 3 + 40,
+                              std::max<std::size_t>(4u << 20, sum(weights_sizes(opt.scale)) / 4));
+    pattern pat(pattern_bytes, 0x7a6d656d);
+    env e{opt, out, pat, {}, true};
+    if (std::string given = a.str("link", ""); !given.empty()) {
+      if (std::sscanf(given.c_str(), "%lf,%lf,%lf", &e.link.h2d, &e.link.d2h, &e.link.bidir) != 3 ||
+          e.link.h2d <= 0 || e.link.d2h <= 0 || e.link.bidir <= 0) {
+        throw std::runtime_error("--link wants three GB/s numbers: H2D,D2H,BIDIR");
+      }
+      out.add("raw link", "given by --link (GB/s H2D, D2H, bidir)", given, "not measured here");
+    } else {
+      e.link = run_raw_link(e);  // the other scenarios are ratios of it
+    }
+    struct item {
+      const char* key;
+      std::function<void()> run;
+    };
+    auto weights = weights_sizes(opt.scale);
+    std::vector<item> items = {
+        {"weights", [&] { run_weights(e, "weights", weights, false); }},
+        {"weights_prepinned", [&] { run_weights(e, "weights (pre-pinned)", weights, true); }},
+        {"many_small",
+         [&] {
+           run_weights(e, "many small", many_small_sizes(sum(weights), opt.small_count), true);
+         }},
+        {"kv", [&] { run_kv_cache(e); }},
+        {"swap", [&] { run_swap(e, false); }},
+        {"swap_tight", [&] { run_swap(e, true); }},
+    };
+    for (const item& it : items) {
+      if (!wanted(list, it.key)) continue;
+      try {
+        it.run();
+      } catch (const std::exception& ex) {
+        std::printf("[%s] ERROR: %s\n", it.key, ex.what());
+        out.add(it.key, "ERROR", "-", ex.what());
+        e.ok = false;
+      }
+    }
+    ok = e.ok;
+  } catch (const std::exception& ex) {
+    std::printf("ERROR: %s\n", ex.what());
+    ok = false;
+  }
+  out.print(std::string("tagmem offload benchmark") + (ok ? "" : " -- FAILURES, see the log"));
+  out.write_tsv(a.str("tsv", ""));
+  return ok ? 0 : 1;
+}

@@ -1,0 +1,241 @@
+// pipeline_test.cpp — the copy pipeline's promises under failure and under memory pressure,
+// shown on the emulated driver (fault injection, call counts, device size and copy speed are
+// emulator controls): a copy that fails before or after unmapping began leaves every tag
+// resident; a swap whose in-tags fit only once the out-tags are gone succeeds; a swap whose
+// in-tag cannot fit still offloads; copies do not grow with the number of allocations; the host
+// store pins in the background and trims. Excluded from the GPU run by suite name (Emulator*).
+#include <dlfcn.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <thread>
+
+#include "test_support.hpp"
+
+namespace tagmem::test {
+namespace {
+
+struct emu_extra {
+  int (*set_device_bytes)(int, std::uint64_t) = nullptr;
+  std::uint64_t (*device_bytes)(int) = nullptr;
+  void (*set_copy_rate)(std::uint64_t) = nullptr;
+};
+
+const emu_extra& extra() {
+  static emu_extra e = [] {
+    emu_extra out;
+    void* h = dlopen(std::getenv("TAGMEM_LIBCUDA"), RTLD_NOW | RTLD_NOLOAD);
+    if (!h) return out;
+    out.set_device_bytes =
+        reinterpret_cast<decltype(out.set_device_bytes)>(dlsym(h, "tagmem_emu_set_device_bytes"));
+    out.device_bytes =
+        reinterpret_cast<decltype(out.device_bytes)>(dlsym(h, "tagmem_emu_device_bytes"));
+    out.set_copy_rate = reinterpret_cast<decltype(out.set_copy_rate)>(
+        dlsym(h, "tagmem_emu_set_copy_bytes_per_second"));
+    return out;
+  }();
+  return e;
+}
+
+// tagmem with 1 MiB copies, so that small tags still make many pieces; restores the emulator.
+class EmulatorPipeline : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_TRUE(using_emulator()) << "Emulator* suites need TAGMEM_LIBCUDA=libtagmem_emu.so";
+    tagmem_config cfg;
+    tagmem_config_init(&cfg);
+    cfg.copy_piece_bytes = 1u << 20;
+    ASSERT_EQ(tagmem_init(&cfg), TAGMEM_SUCCESS) << tagmem_last_error();
+    ASSERT_TRUE(emulator().fail_call && emulator().call_count && extra().set_device_bytes &&
+                extra().set_copy_rate);
+    device_bytes_ = extra().device_bytes(0);
+  }
+  void TearDown() override {
+    emulator().clear_faults();
+    extra().set_copy_rate(0);
+    extra().set_device_bytes(0, device_bytes_);
+    EXPECT_EQ(tagmem_shutdown(), TAGMEM_SUCCESS) << tagmem_last_error();
+  }
+
+  struct filled {
+    void* ptr;
+    std::vector<unsigned char> bytes;
+  };
+  // `count` allocations of `size` bytes of random data in `tag`.
+  std::vector<filled> fill(const char* tag, int count, std::size_t size) {
+    std::vector<filled> out;
+    for (int i = 0; i < count; ++i) {
+      void* p = nullptr;
+      EXPECT_EQ(tagmem_malloc_tagged(&p, size, tag, 0, nullptr), TAGMEM_SUCCESS)
+          << tagmem_last_error();
+      if (!p) break;
+      out.push_back({p, random_bytes(rng_, size)});
+      write_device(p, out.back().bytes.data(), size);
+    }
+    return out;
+  }
+  static std::size_t corrupted(const std::vector<filled>& all) {
+    std::size_t bad = 0;
+    for (const auto& a : all) bad += read_device(a.ptr, a.bytes.size()) != a.bytes;
+    return bad;
+  }
+  static tagmem_tag_stats stats(const char* tag) {
+    tagmem_tag_stats s{};
+    EXPECT_EQ(tagmem_tag_stats_get(tag, 0, &s), TAGMEM_SUCCESS) << tagmem_last_error();
+    return s;
+  }
+
+  std::mt19937_64 rng_ = rng_for_test();
+  std::uint64_t device_bytes_ = 0;
+};
+
+TEST_F(EmulatorPipeline, CopyQueueFailureLeavesEveryTagResident) {
+  auto a = fill("a", 40, 512 << 10);
+  auto b = fill("b", 10, 3 << 20);
+  tagmem_tag_stats before = stats("b");
+  emulator().fail_call("cuMemcpyDtoHAsync", 15, CUDA_ERROR_UNKNOWN);
+  const char* tags[] = {"a", "b"};
+  TAGMEM_FAILS_WITH(tagmem_offload(tags, 2, 0, TAGMEM_BACKUP), TAGMEM_ERROR_DRIVER);
+  EXPECT_EQ(stats("a").state, TAGMEM_RESIDENT);
+  EXPECT_EQ(stats("b").state, TAGMEM_RESIDENT);
+  EXPECT_EQ(stats("b").mapped_bytes, before.mapped_bytes);
+  EXPECT_EQ(corrupted(a) + corrupted(b), 0u);
+  tagmem_device_stats ds{};
+  TAGMEM_OK(tagmem_device_stats_get(0, &ds));
+  EXPECT_EQ(ds.host_used_bytes, 0u) << "host extents of a failed offload must go back";
+  TAGMEM_OK(tagmem_offload(tags, 2, 0, TAGMEM_BACKUP));
+  TAGMEM_OK(tagmem_reload(tags, 2, 0));
+  EXPECT_EQ(corrupted(a) + corrupted(b), 0u);
+}
+
+TEST_F(EmulatorPipeline, CopyFailureAfterUnmappingBeganRestoresTheTags) {
+  auto a = fill("a", 24, 1 << 20);  // 12 chunks of 2 MiB, 24 one-MiB copies
+  auto b = fill("b", 4, 4 << 20);
+  extra().set_copy_rate(200u << 20);  // ~5 ms per copy: the loop waits on events
+  std::uint64_t unmaps = emulator().call_count("cuMemUnmap");
+  emulator().fail_call("cuEventSynchronize", 8, CUDA_ERROR_LAUNCH_FAILED);
+  const char* tags[] = {"a", "b"};
+  TAGMEM_FAILS_WITH(tagmem_offload(tags, 2, 0, TAGMEM_BACKUP), TAGMEM_ERROR_DRIVER);
+  extra().set_copy_rate(0);
+  ASSERT_GT(emulator().call_count("cuMemUnmap"), unmaps) << "unmapping had not begun";
+  EXPECT_EQ(stats("a").state, TAGMEM_RESIDENT);
+  EXPECT_EQ(stats("b").state, TAGMEM_RESIDENT);
+  EXPECT_EQ(corrupted(a) + corrupted(b), 0u);
+  tagmem_device_stats ds{};
+  TAGMEM_OK(tagmem_device_stats_get(0, &ds));
+  EXPECT_EQ(ds.host_used_bytes, 0u);
+  TAGMEM_OK(tagmem_offload(tags, 2, 0, TAGMEM_BACKUP));
+  TAGMEM_OK(tagmem_reload(tags, 2, 0));
+  EXPECT_EQ(corrupted(a) + corrupted(b), 0u);
+}
+
+TEST_F(EmulatorPipeline, SwapSucceedsWhenInTagsFitOnlyAfterOutTagsLeave) {
+  auto engine = fill("engine", 6, 8 << 20);  // 48 MiB in 3 medium segments of 20 MiB
+  const std::size_t engine_bytes = stats("engine").mapped_bytes;
+  const char* engine_tag[] = {"engine"};
+  TAGMEM_OK(tagmem_offload(engine_tag, 1, 0, TAGMEM_BACKUP));
+  auto trainer = fill("trainer", 40, 1 << 20);  // 40 MiB in 2 MiB chunks
+  auto optimizer = fill("optimizer", 2, 12 << 20);
+  // Shrink the device so that the engine fits only once most of the trainer side is gone.
+  std::size_t used = stats("trainer").mapped_bytes + stats("optimizer").mapped_bytes;
+  ASSERT_GT(engine_bytes, 20u << 20);
+  ASSERT_EQ(extra().set_device_bytes(0, used + (20u << 20)), 0);
+  const char* trainer_tags[] = {"trainer", "optimizer"};
+  extra().set_copy_rate(400u << 20);
+  for (int cycle = 0; cycle < 3; ++cycle) {
+    TAGMEM_OK(tagmem_swap(trainer_tags, 2, engine_tag, 1, 0, TAGMEM_BACKUP));
+    EXPECT_EQ(stats("engine").state, TAGMEM_RESIDENT);
+    EXPECT_EQ(stats("trainer").state, TAGMEM_OFFLOADED_BACKUP);
+    EXPECT_EQ(corrupted(engine), 0u);
+    TAGMEM_OK(tagmem_swap(engine_tag, 1, trainer_tags, 2, 0, TAGMEM_BACKUP));
+    EXPECT_EQ(corrupted(trainer) + corrupted(optimizer), 0u);
+  }
+}
+
+TEST_F(EmulatorPipeline, SwapWhoseInTagCannotFitStillOffloads) {
+  auto big = fill("big", 4, 16 << 20);
+  const char* big_tag[] = {"big"};
+  TAGMEM_OK(tagmem_offload(big_tag, 1, 0, TAGMEM_BACKUP));
+  auto small = fill("small", 8, 1 << 20);
+  std::size_t used = stats("small").mapped_bytes;
+  ASSERT_EQ(extra().set_device_bytes(0, used + (8u << 20)), 0);
+  const char* small_tag[] = {"small"};
+  TAGMEM_FAILS_WITH(tagmem_swap(small_tag, 1, big_tag, 1, 0, TAGMEM_BACKUP),
+                    TAGMEM_ERROR_OUT_OF_MEMORY);
+  EXPECT_EQ(stats("small").state, TAGMEM_OFFLOADED_BACKUP) << "the offload part must happen";
+  EXPECT_EQ(stats("big").state, TAGMEM_OFFLOADED_BACKUP);
+  EXPECT_EQ(stats("big").mapped_bytes, 0u);
+  EXPECT_EQ(stats("big").host_bytes, 64u << 20) << "the backup must stay intact";
+  ASSERT_EQ(extra().set_device_bytes(0, device_bytes_), 0);
+  TAGMEM_OK(tagmem_reload(big_tag, 1, 0));
+  TAGMEM_OK(tagmem_reload(small_tag, 1, 0));
+  EXPECT_EQ(corrupted(big) + corrupted(small), 0u);
+}
+
+TEST_F(EmulatorPipeline, ReloadFailureKeepsEarlierTagsAndLaterBackups) {
+  auto first = fill("first", 3, 30 << 20);
+  auto second = fill("second", 3, 30 << 20);
+  const char* tags[] = {"first", "second"};
+  TAGMEM_OK(tagmem_offload(tags, 2, 0, TAGMEM_BACKUP));
+  emulator().fail_call("cuMemCreate", 2, CUDA_ERROR_OUT_OF_MEMORY);  // second's only run
+  TAGMEM_FAILS_WITH(tagmem_reload(tags, 2, 0), TAGMEM_ERROR_OUT_OF_MEMORY);
+  EXPECT_EQ(stats("first").state, TAGMEM_RESIDENT);
+  EXPECT_EQ(stats("second").state, TAGMEM_OFFLOADED_BACKUP);
+  EXPECT_EQ(stats("second").mapped_bytes, 0u);
+  EXPECT_EQ(corrupted(first), 0u);
+  TAGMEM_OK(tagmem_reload(tags + 1, 1, 0));
+  EXPECT_EQ(corrupted(second), 0u);
+}
+
+TEST_F(EmulatorPipeline, CopyAndMappingCallsDoNotGrowWithTheNumberOfAllocations) {
+  auto many = fill("many", 2000, 64 << 10);  // 125 MiB in 63 chunks of 2 MiB
+  tagmem_tag_stats s = stats("many");
+  ASSERT_GT(s.mappings, 50u);
+  const std::uint64_t copies = s.mapped_bytes / (1u << 20) + 8;  // 1 MiB pieces, a few cuts
+  const char* tags[] = {"many"};
+  for (int cycle = 0; cycle < 2; ++cycle) {
+    std::uint64_t d2h = emulator().call_count("cuMemcpyDtoHAsync");
+    std::uint64_t h2d = emulator().call_count("cuMemcpyHtoDAsync");
+    std::uint64_t creates = emulator().call_count("cuMemCreate");
+    TAGMEM_OK(tagmem_offload(tags, 1, 0, TAGMEM_BACKUP));
+    TAGMEM_OK(tagmem_reload(tags, 1, 0));
+    EXPECT_LE(emulator().call_count("cuMemcpyDtoHAsync") - d2h, copies);
+    EXPECT_LE(emulator().call_count("cuMemcpyHtoDAsync") - h2d, copies);
+    EXPECT_LE(emulator().call_count("cuMemCreate") - creates, 1u) << "one coalesced run";
+  }
+  EXPECT_EQ(stats("many").mappings, 1u);
+  EXPECT_EQ(corrupted(many), 0u);
+}
+
+TEST_F(EmulatorPipeline, HostStorePinsInTheBackgroundReusesAndTrims) {
+  TAGMEM_OK(tagmem_host_reserve(96u << 20, 0));
+  tagmem_device_stats ds{};
+  for (int i = 0; i < 500; ++i) {  // the call returned at once; wait for the threads
+    TAGMEM_OK(tagmem_device_stats_get(0, &ds));
+    if (ds.host_pinned_bytes >= (96u << 20)) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_GE(ds.host_pinned_bytes, 96u << 20);
+  const std::size_t pinned = ds.host_pinned_bytes;
+  auto data = fill("w", 4, 20 << 20);
+  const char* tags[] = {"w"};
+  for (int cycle = 0; cycle < 3; ++cycle) {
+    TAGMEM_OK(tagmem_offload(tags, 1, 0, TAGMEM_BACKUP));
+    TAGMEM_OK(tagmem_device_stats_get(0, &ds));
+    EXPECT_EQ(ds.host_pinned_bytes, pinned) << "the reserve covers the backup: no pinning";
+    EXPECT_EQ(ds.host_pinned_high_water, pinned);
+    TAGMEM_OK(tagmem_host_trim(0));  // keeps what holds the backup
+    TAGMEM_OK(tagmem_device_stats_get(0, &ds));
+    EXPECT_GE(ds.host_pinned_bytes, ds.host_used_bytes);
+    TAGMEM_OK(tagmem_reload(tags, 1, 0));
+    EXPECT_EQ(corrupted(data), 0u);
+    TAGMEM_OK(tagmem_host_reserve(pinned, 1));
+  }
+  TAGMEM_OK(tagmem_host_trim(0));
+  TAGMEM_OK(tagmem_device_stats_get(0, &ds));
+  EXPECT_EQ(ds.host_pinned_bytes, 0u);
+  EXPECT_EQ(ds.host_pinned_high_water, pinned);
+}
+
+}  // namespace
+}  // namespace tagmem::test
