@@ -26,6 +26,8 @@ void pop_tag() {
   stack().pop_back();
 }
 
+bool scope_empty() noexcept { return stack().empty(); }
+
 const char* current_tag() noexcept {
   auto& s = stack();
   return s.empty() ? TAGMEM_DEFAULT_TAG : s.back().c_str();

@@ -1,0 +1,88 @@
+/* tagmem_nccl.h — collective release of NCCL's device memory, with the LD_PRELOAD shim loaded.
+ *
+ * libtagmem_preload.so wraps the CUDA driver entry points NCCL obtains through cuGetProcAddress
+ * and records every device-located allocation NCCL makes, imports or maps (the `nccl` tag). The
+ * functions here exist only in that library (find them with dlsym(RTLD_DEFAULT, ...) or
+ * ctypes.CDLL(None)); see docs/nccl.md for how to start a job under the shim.
+ *
+ * NCCL shares buffers between the processes of a node: one process creates a buffer and
+ * exports it as a POSIX file descriptor, its peers import and map it. A peer's mapping keeps the
+ * memory alive, so releasing it is collective: every process of the node's group calls
+ * tagmem_nccl_pause() (and later tagmem_nccl_resume()) with the same group name and size and
+ * its own rank in [0, size). Pause waits for all device work, copies the bytes of the buffers
+ * each process created to pinned host memory, then unmaps and releases NCCL's buffers in every
+ * process. Resume recreates them at the same addresses, restores their bytes, hands new
+ * shareable handles to the peers that had mapped them, and the peers map them again at their
+ * own same addresses. No NCCL pointer or handle changes.
+ *
+ * Contract for the caller: no NCCL operation may run or be queued between pause and resume
+ * (synchronise the streams NCCL uses before pausing; torch.cuda.synchronize() is enough).
+ *
+ * The processes meet through Unix sockets in a private directory (TAGMEM_NCCL_DIR, else
+ * $XDG_RUNTIME_DIR/tagmem, else /tmp/tagmem-<uid>; created with mode 0700, refused if another
+ * user owns it or others may enter it); rank 0 listens, the others connect, and each side
+ * checks that the other runs as the same user. Every wait is bounded by `timeout_ms`: a missing
+ * or dead process gives TAGMEM_ERROR_TIMEOUT or TAGMEM_ERROR_PEER, processes that disagree (one
+ * pauses while another resumes, different sizes, a rank taken twice) TAGMEM_ERROR_PEER, each
+ * with a message naming the ranks involved. A failure before anything was released leaves every
+ * process as it was; so does a resume that runs out of device memory in any process (all stay
+ * paused with their bytes kept, and the call can be repeated).
+ */
+#ifndef TAGMEM_TAGMEM_NCCL_H
+#define TAGMEM_TAGMEM_NCCL_H
+
+#include "tagmem.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define TAGMEM_NCCL_TAG "nccl" /* the name NCCL's memory is reported under */
+
+typedef struct tagmem_nccl_stats {
+  /* Now. Device-located allocations NCCL holds through the shim, whether mapped or released. */
+  size_t held_bytes;
+  size_t resident_bytes; /* of held_bytes, mapped now */
+  size_t released_bytes; /* of held_bytes, given back by a pause and not yet resumed */
+  size_t backup_bytes;   /* pinned host bytes holding released bytes */
+  uint64_t allocations;  /* records behind held_bytes */
+  /* held_bytes by origin: created here and never exported / created here and exported as a
+   * POSIX fd / imported from another process (that process's memory, mapped here). */
+  size_t local_bytes, exported_bytes, imported_bytes;
+  uint64_t local_allocations, exported_allocations, imported_allocations;
+  size_t classic_bytes;      /* of held_bytes, served by the shim to cuMemAlloc */
+  size_t host_located_bytes; /* host-located cuMem bytes created, ever (passed through) */
+  size_t passthrough_bytes;  /* cuMemAlloc bytes held now that went to the driver untouched */
+  /* The most recent pause. */
+  size_t last_released_bytes; /* by all origins */
+  size_t last_released_local_bytes, last_released_exported_bytes, last_released_imported_bytes;
+  uint64_t last_released_allocations;
+  size_t last_kept_bytes; /* device bytes that pause had to leave mapped (see docs/nccl.md) */
+  uint64_t last_kept_allocations;
+  /* Ever. */
+  uint64_t pause_count;
+  uint64_t resume_count;
+  int paused; /* 1 between a successful pause and a successful resume */
+} tagmem_nccl_stats;
+
+/* Releases the `nccl` tag collectively across the `size` processes of group `group`; this
+ * process is `rank`. `group` may be NULL for TAGMEM_NCCL_GROUP (or, under torchrun, a name
+ * derived from TORCHELASTIC_RUN_ID); rank/size may be -1 for LOCAL_RANK/LOCAL_WORLD_SIZE;
+ * timeout_ms may be 0 for TAGMEM_NCCL_TIMEOUT_MS (default 60000), and bounds every wait.
+ * Errors: INVALID_ARGUMENT (bad group name, rank or size), TAG_OFFLOADED (already paused),
+ * HOST_OUT_OF_MEMORY, DRIVER, PEER, TIMEOUT. */
+TAGMEM_API tagmem_status tagmem_nccl_pause(const char* group, int rank, int size, int timeout_ms);
+
+/* Undoes tagmem_nccl_pause collectively (same arguments). Errors: INVALID_ARGUMENT,
+ * TAG_RESIDENT (not paused), OUT_OF_MEMORY (then every process stays paused), DRIVER, PEER,
+ * TIMEOUT. */
+TAGMEM_API tagmem_status tagmem_nccl_resume(const char* group, int rank, int size, int timeout_ms);
+
+/* This process's statistics of the `nccl` tag. Errors: INVALID_ARGUMENT (null out). */
+TAGMEM_API tagmem_status tagmem_nccl_stats_get(tagmem_nccl_stats* out);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* TAGMEM_TAGMEM_NCCL_H */

@@ -1,0 +1,603 @@
+// collective.cpp — the steps of a collective pause and resume of NCCL's memory.
+//
+// Pause, on every rank at once:
+//  1. join the group; wait for this process's devices to go idle; all ranks confirm (a peer's
+//     kernels write into our buffers, so nobody copies before every device is idle);
+//  2. match shared allocations (Note [matching shared allocations]);
+//  3. decide, for every allocation, whether it can be released (Note [what stays resident]);
+//  4. copy the bytes of the allocations this process created to pinned host memory; all ranks
+//     confirm — a failure anywhere so far leaves every rank as it was;
+//  5. unmap and release: the allocations created here and the ones imported from peers. The
+//     memory goes back to the driver when the last process lets go of it, which is the point
+//     of doing this together.
+// Resume:
+//  1. join; rebuild every released allocation created here — cuMemCreate with the recorded
+//     properties, map at each recorded address, set the recorded access, copy the bytes back;
+//     all ranks confirm, and if any failed (out of memory, say) all undo what they rebuilt and
+//     stay paused with their backups;
+//  2. each importer says which allocations it needs; each exporter exports new POSIX fds for
+//     them and mails them; importers import and map them at their old addresses with their old
+//     access; all ranks confirm.
+//
+// Note [matching shared allocations]: NCCL passes fds between processes itself, so the shim
+// does not know which of a process's imports came from which peer's allocation. It keeps a
+// duplicate of each fd an allocation is exported as, and of each fd imported. During a pause
+// every exporter mails its duplicates to every other rank, and each importer compares them with
+// its own (fd_identity.hpp: the same open file description). A match gives the importer the
+// allocation's owner (rank, record id) for good; later pauses need no matching for it, and its
+// duplicate is closed. Exports are never re-matched after a resume: the new fds go straight to
+// the ranks known to need them.
+//
+// Note [what stays resident]: releasing an allocation that a process outside the group maps
+// would leave that process on the old memory while this one moves to new memory after resume:
+// silent corruption. So an allocation is released only if every fd it was exported as was
+// matched to an import inside the group, every importer can release its side, it was never
+// exported as another kind of handle (fabric), it is not bound to a multicast object (NVLS) nor
+// exported as a dma-buf (what a NIC registers for GPUDirect RDMA), and — for one created here —
+// some mapping covers all of it (so its bytes can be copied). Everything else stays mapped and is
+// counted in last_kept_bytes. An import whose owner is unknown stays mapped too.
+#include "collective.hpp"
+
+#include <algorithm>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <set>
+
+#include "device_access.hpp"
+#include "driver/driver.hpp"
+#include "error.hpp"
+#include "fd_identity.hpp"
+#include "interposed.hpp"
+#include "records.hpp"
+#include "wire.hpp"
+
+namespace tagmem::nccl {
+namespace {
+
+struct state {
+  bool paused = false;
+  std::uint64_t pause_count = 0;
+  std::uint64_t resume_count = 0;
+  std::size_t last_released[3] = {0, 0, 0};  // local, exported, imported
+  std::uint64_t last_released_allocations = 0;
+  std::size_t last_kept_bytes = 0;
+  std::uint64_t last_kept_allocations = 0;
+};
+state g_state;  // guarded by records().mutex()
+
+// ---- small helpers -------------------------------------------------------------------------
+
+template <class F>
+rank_outcome attempt(F&& f) {
+  try {
+    f();
+    return {};
+  } catch (const error& e) {
+    return {e.code(), e.what()};
+  } catch (const std::bad_alloc&) {
+    return {TAGMEM_ERROR_HOST_OUT_OF_MEMORY, "out of host memory for the shim's records"};
+  }
+}
+
+// Throws the first failure among the ranks: this rank's own with its code, another's as PEER
+// (out-of-memory keeps its code, so the caller knows that freeing memory and retrying helps).
+void throw_if_failed(const std::vector<rank_outcome>& all, int me, const char* step) {
+  if (all[me].status != TAGMEM_SUCCESS) fail(all[me].status, all[me].message);
+  for (std::size_t r = 0; r < all.size(); ++r) {
+    if (all[r].status == TAGMEM_SUCCESS) continue;
+    tagmem_status code = all[r].status == TAGMEM_ERROR_OUT_OF_MEMORY ||
+                                 all[r].status == TAGMEM_ERROR_HOST_OUT_OF_MEMORY
+                             ? all[r].status
+                             : TAGMEM_ERROR_PEER;
+    fail(code, "rank " + std::to_string(r) + " failed while " + step + ": " + all[r].message);
+  }
+}
+
+bool local(const allocation& a) { return a.from != origin::imported; }
+
+// Local records live on their location; imports are worked with from their home device.
+int device_of(const allocation& a) { return local(a) ? a.prop.location.id : a.home_device; }
+
+// The device's context for the scope's life, when the device is known.
+struct maybe_device_scope {
+  explicit maybe_device_scope(int device) {
+    if (device >= 0) scope.emplace(device);
+  }
+  std::optional<device_scope> scope;
+};
+
+const mapping_record* full_mapping(const allocation& a) {
+  for (const mapping_record& m : a.mappings)
+    if (m.offset == 0 && m.size == a.size) return &m;
+  return nullptr;
+}
+
+// Whether this process's side of `a` allows a release (Note [what stays resident]).
+bool releasable_here(const allocation& a) {
+  if (a.released || a.foreign_export || a.multicast || a.dma_buf) return false;
+  if (a.from == origin::imported) return a.source_rank >= 0;
+  return full_mapping(a) != nullptr;
+}
+
+std::size_t& origin_slot(state& s, const allocation& a) {
+  if (a.from == origin::imported) return s.last_released[2];
+  return a.exported_ever ? s.last_released[1] : s.last_released[0];
+}
+
+void synchronize_devices() {
+  std::set<int> devices;
+  records().for_each([&](allocation& a) {
+    if (device_of(a) >= 0) devices.insert(device_of(a));
+  });
+  for (int d : devices) {
+    device_scope scope(d);
+    TAGMEM_CU(cuCtxSynchronize, primary_context(d));
+  }
+}
+
+// ---- pause ---------------------------------------------------------------------------------
+
+// Step 2: exporters mail their fd duplicates; importers compare.
+void match(group_session& s) {
+  std::vector<letter> outbox;
+  records().for_each([&](allocation& a) {
+    if (!local(a) || a.released || a.exports.empty()) return;
+    for (std::size_t first = 0; first < a.exports.size(); first += kMaxFds) {
+      std::size_t n = std::min(kMaxFds, a.exports.size() - first);
+      letter l;
+      l.blob = wire_writer().u64(a.id).u32(static_cast<std::uint32_t>(first)).take();
+      for (std::size_t i = 0; i < n; ++i) l.fds.push_back(a.exports[first + i].fd);
+      for (int r = 0; r < s.size(); ++r) {
+        if (r == s.rank()) continue;
+        l.to = r;
+        outbox.push_back(l);
+      }
+    }
+  });
+  // Per import, the exporter's (rank, id) and the indices of its fds it matched in this pause.
+  s.mail(
+      outbox,
+      [&](int from, const std::string& blob, std::vector<int>& fds) {
+        wire_reader r(blob);
+        std::uint64_t id = r.u64();
+        std::uint32_t first = r.u32();
+        records().for_each([&](allocation& b) {
+          if (b.from != origin::imported || b.import_fd < 0) return;
+          for (std::size_t i = 0; i < fds.size(); ++i) {
+            if (!same_open_file(b.import_fd, fds[i])) continue;
+            b.source_rank = from;
+            b.source_id = id;
+            b.source_pid = 0;
+            b.matched_indices.push_back(first + static_cast<std::uint32_t>(i));
+          }
+        });
+        for (int fd : fds) close_quietly(fd);
+      },
+      "matching the buffers shared between ranks");
+  records().for_each([&](allocation& b) {
+    if (b.from == origin::imported && b.source_rank >= 0 && b.import_fd >= 0) {
+      close_quietly(b.import_fd);  // matched for good
+      b.import_fd = -1;
+    }
+  });
+}
+
+// Step 3: importers claim what they map; exporters decide; importers follow. Returns the ids
+// of the records this process releases.
+std::set<std::uint64_t> decide(group_session& s) {
+  wire_writer claims;
+  records().for_each([&](allocation& b) {
+    if (b.from != origin::imported || b.released || b.source_rank < 0) return;
+    claims.i32(b.source_rank).u64(b.source_id).u32(releasable_here(b) ? 1 : 0);
+    claims.u32(static_cast<std::uint32_t>(b.matched_indices.size()));
+    for (std::uint32_t i : b.matched_indices) claims.u32(i);
+    b.matched_indices.clear();
+  });
+  std::vector<std::string> all =
+      s.all_gather(claims.take(), "telling owners who maps their buffers");
+  std::map<std::uint64_t, bool> importers_agree;  // my record id -> every claimer can release
+  for (int rank = 0; rank < s.size(); ++rank) {
+    wire_reader r(all[rank]);
+    while (!r.done()) {
+      int owner = r.i32();
+      std::uint64_t id = r.u64();
+      bool can = r.u32() != 0;
+      std::uint32_t n = r.u32();
+      allocation* a = owner == s.rank() ? records().by_id(id) : nullptr;
+      for (std::uint32_t k = 0; k < n; ++k) {
+        std::uint32_t index = r.u32();
+        if (a && index < a->exports.size()) a->exports[index].matched = true;
+      }
+      if (!a) continue;
+      auto [it, inserted] = importers_agree.emplace(id, can);
+      if (!inserted) it->second = it->second && can;
+    }
+  }
+  std::set<std::uint64_t> release;
+  wire_writer decisions;
+  records().for_each([&](allocation& a) {
+    if (!local(a) || a.released) return;
+    bool ok = releasable_here(a);
+    for (const export_record& e : a.exports) ok = ok && e.matched;
+    if (auto it = importers_agree.find(a.id); it != importers_agree.end()) ok = ok && it->second;
+    if (ok) release.insert(a.id);
+    if (importers_agree.count(a.id)) decisions.u64(a.id).u32(ok ? 1 : 0);
+  });
+  all = s.all_gather(decisions.take(), "agreeing on what to release");
+  std::map<std::pair<int, std::uint64_t>, bool> owner_says;
+  for (int rank = 0; rank < s.size(); ++rank) {
+    wire_reader r(all[rank]);
+    while (!r.done()) {
+      std::uint64_t id = r.u64();
+      owner_says[{rank, id}] = r.u32() != 0;
+    }
+  }
+  records().for_each([&](allocation& b) {
+    if (b.from != origin::imported || !releasable_here(b)) return;
+    auto it = owner_says.find({b.source_rank, b.source_id});
+    if (it != owner_says.end() && it->second) release.insert(b.id);
+  });
+  return release;
+}
+
+// Step 4: copies the bytes of the local records in `release` to pinned host memory.
+void back_up(const std::set<std::uint64_t>& release) {
+  std::map<int, meta_vector<allocation*>> by_device;
+  for (std::uint64_t id : release) {
+    allocation* a = records().by_id(id);
+    if (local(*a)) by_device[device_of(*a)].push_back(a);
+  }
+  std::vector<allocation*> done;
+  try {
+    for (auto& [device, list] : by_device) {
+      host_store& store = backup_store(device);
+      device_scope scope(device);
+      CUstream stream = copy_stream(device);
+      for (allocation* a : list) {
+        a->backup = store.acquire(a->size);
+        done.push_back(a);
+        queue_to_host(a->backup, full_mapping(*a)->va, stream);
+      }
+      TAGMEM_CU(cuStreamSynchronize, stream);
+    }
+  } catch (...) {
+    for (allocation* a : done) {
+      if (host_store* store = existing_backup_store()) store->release(a->backup);
+      a->backup.clear();
+    }
+    throw;
+  }
+}
+
+void forget_backups(const std::set<std::uint64_t>& release) {
+  for (std::uint64_t id : release) {
+    allocation* a = records().by_id(id);
+    if (a && !a->backup.empty()) {
+      if (host_store* store = existing_backup_store()) store->release(a->backup);
+      a->backup.clear();
+    }
+  }
+}
+
+// Step 5: unmaps and releases. Errors are collected; every record is attempted.
+void release_all(const std::set<std::uint64_t>& release) {
+  const auto& api = driver::api();
+  std::string failures;
+  state fresh;
+  for (std::uint64_t id : release) {
+    allocation* a = records().by_id(id);
+    maybe_device_scope scope(device_of(*a));
+    bool ok = true;
+    for (const mapping_record& m : a->mappings) {
+      if (CUresult r = api.cuMemUnmap(m.va, m.size); r != CUDA_SUCCESS) {
+        ok = false;
+        failures += " cuMemUnmap(" + std::to_string(m.va) + "): " + driver::describe(r) + ";";
+      }
+    }
+    if (!ok) continue;  // still mapped: stays resident, bytes and backup both kept
+    if (a->real_held) {
+      if (CUresult r = api.cuMemRelease(a->real); r != CUDA_SUCCESS)
+        failures += " cuMemRelease: " + driver::describe(r) + ";";
+    }
+    a->real = 0;
+    a->real_held = false;
+    a->released = true;
+    for (const export_record& e : a->exports) close_quietly(e.fd);
+    a->exports.clear();
+    close_quietly(a->import_fd);
+    a->import_fd = -1;
+    origin_slot(fresh, *a) += a->size;
+    fresh.last_released_allocations++;
+  }
+  std::copy(std::begin(fresh.last_released), std::end(fresh.last_released),
+            std::begin(g_state.last_released));
+  g_state.last_released_allocations = fresh.last_released_allocations;
+  if (!failures.empty()) fail(TAGMEM_ERROR_DRIVER, "releasing NCCL's buffers failed:" + failures);
+}
+
+void count_kept() {
+  g_state.last_kept_bytes = 0;
+  g_state.last_kept_allocations = 0;
+  records().for_each([&](allocation& a) {
+    if (a.released) return;
+    g_state.last_kept_bytes += a.size;
+    g_state.last_kept_allocations++;
+  });
+}
+
+// ---- resume --------------------------------------------------------------------------------
+
+struct rebuilt {
+  allocation* a;
+  CUmemGenericAllocationHandle handle;
+  std::size_t mapped;  // mappings of a mapped so far
+};
+
+// Maps `handle` at every recorded mapping of `a` with its recorded access. On failure unmaps
+// what it mapped and throws.
+void map_everywhere(allocation& a, CUmemGenericAllocationHandle handle) {
+  const auto& api = driver::api();
+  std::size_t mapped = 0;
+  try {
+    for (const mapping_record& m : a.mappings) {
+      TAGMEM_CU(cuMemMap, m.va, m.size, m.offset, handle, 0);
+      ++mapped;
+      if (!m.access.empty())
+        TAGMEM_CU(cuMemSetAccess, m.va, m.size, m.access.data(), m.access.size());
+    }
+  } catch (...) {
+    for (std::size_t i = 0; i < mapped; ++i) api.cuMemUnmap(a.mappings[i].va, a.mappings[i].size);
+    throw;
+  }
+}
+
+void unmap_everywhere(allocation& a) {
+  for (const mapping_record& m : a.mappings) driver::api().cuMemUnmap(m.va, m.size);
+}
+
+// Resume step 1 for this rank: rebuilds and refills; on failure undoes everything it did.
+std::vector<rebuilt> rebuild_local() {
+  std::vector<rebuilt> out;
+  std::map<int, std::vector<allocation*>> by_device;
+  records().for_each([&](allocation& a) {
+    if (local(a) && a.released) by_device[device_of(a)].push_back(&a);
+  });
+  try {
+    for (auto& [device, list] : by_device) {
+      device_scope scope(device);
+      CUstream stream = copy_stream(device);
+      for (allocation* a : list) {
+        CUmemGenericAllocationHandle h = 0;
+        TAGMEM_CU(cuMemCreate, &h, a->size, &a->prop, 0);
+        out.push_back({a, h, 0});
+        map_everywhere(*a, h);
+        out.back().mapped = a->mappings.size();
+        queue_to_device(a->backup, full_mapping(*a)->va, stream);
+      }
+      TAGMEM_CU(cuStreamSynchronize, stream);
+    }
+  } catch (...) {
+    for (rebuilt& r : out) {
+      if (r.mapped) unmap_everywhere(*r.a);
+      driver::api().cuMemRelease(r.handle);
+    }
+    throw;
+  }
+  return out;
+}
+
+void undo(std::vector<rebuilt>& done) {
+  for (rebuilt& r : done) {
+    device_scope scope(device_of(*r.a));
+    unmap_everywhere(*r.a);
+    driver::api().cuMemRelease(r.handle);
+  }
+  done.clear();
+}
+
+void commit(std::vector<rebuilt>& done) {
+  for (rebuilt& r : done) {
+    allocation& a = *r.a;
+    a.real = r.handle;
+    a.real_held = true;
+    if (a.from == origin::created && a.app_refs == 0) {  // NCCL had let go of its handle
+      driver::api().cuMemRelease(r.handle);
+      a.real_held = false;
+    }
+    a.released = false;
+    if (host_store* store = existing_backup_store()) store->release(a.backup);
+    a.backup.clear();
+  }
+}
+
+// Resume step 2: re-share. Returns this rank's failures (imports that did not come back).
+void reshare(group_session& s) {
+  wire_writer needs;
+  records().for_each([&](allocation& b) {
+    if (b.from == origin::imported && b.released) needs.i32(b.source_rank).u64(b.source_id);
+  });
+  std::vector<std::string> all = s.all_gather(needs.take(), "asking owners for new handles");
+  std::vector<letter> outbox;
+  std::vector<int> exported;
+  std::string failures;
+  for (int rank = 0; rank < s.size(); ++rank) {
+    wire_reader r(all[rank]);
+    std::set<std::uint64_t> sent;
+    while (!r.done()) {
+      int owner = r.i32();
+      std::uint64_t id = r.u64();
+      if (owner != s.rank() || !sent.insert(id).second) continue;
+      allocation* a = records().by_id(id);
+      int fd = -1;
+      CUresult res = CUDA_ERROR_INVALID_VALUE;
+      if (a && !a->released && !a->mappings.empty()) {
+        // NCCL may hold no handle of its own (then neither does the shim): borrow one.
+        CUmemGenericAllocationHandle h = a->real;
+        bool borrowed = !a->real_held;
+        if (borrowed) {
+          res = driver::api().cuMemRetainAllocationHandle(
+              &h, reinterpret_cast<void*>(a->mappings.front().va));
+        }
+        if (!borrowed || res == CUDA_SUCCESS) {
+          res = driver::api().cuMemExportToShareableHandle(
+              &fd, h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
+          if (borrowed) driver::api().cuMemRelease(h);
+        }
+      }
+      letter l;
+      l.to = rank;
+      l.blob = wire_writer().u64(id).u32(res == CUDA_SUCCESS ? 1 : 0).take();
+      if (res == CUDA_SUCCESS) {
+        l.fds.push_back(fd);
+        exported.push_back(fd);
+      } else {
+        failures += " cannot export buffer " + std::to_string(id) + " for rank " +
+                    std::to_string(rank) + ";";
+      }
+      outbox.push_back(std::move(l));
+    }
+  }
+  auto on_letter = [&](int from, const std::string& blob, std::vector<int>& fds) {
+    wire_reader r(blob);
+    std::uint64_t id = r.u64();
+    bool ok = r.u32() != 0 && fds.size() == 1;
+    records().for_each([&](allocation& b) {
+      if (b.from != origin::imported || !b.released || b.source_rank != from || b.source_id != id)
+        return;
+      if (!ok) {
+        failures += " rank " + std::to_string(from) + " could not re-export buffer " +
+                    std::to_string(id) + ";";
+        return;
+      }
+      try {
+        maybe_device_scope scope(device_of(b));
+        CUmemGenericAllocationHandle h = 0;
+        TAGMEM_CU(cuMemImportFromShareableHandle, &h,
+                  reinterpret_cast<void*>(static_cast<std::intptr_t>(fds[0])),
+                  CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+        try {
+          map_everywhere(b, h);
+        } catch (...) {
+          driver::api().cuMemRelease(h);
+          throw;
+        }
+        b.real = h;
+        b.real_held = true;
+        if (b.app_refs == 0) {
+          driver::api().cuMemRelease(h);
+          b.real_held = false;
+        }
+        b.released = false;
+      } catch (const error& e) {
+        failures += std::string(" ") + e.what() + ";";
+      }
+    });
+    for (int fd : fds) close_quietly(fd);
+  };
+  try {
+    s.mail(outbox, on_letter, "handing new handles to the ranks that map them");
+  } catch (...) {
+    for (int fd : exported) close_quietly(fd);
+    throw;
+  }
+  for (int fd : exported) close_quietly(fd);
+  if (!failures.empty()) fail(TAGMEM_ERROR_DRIVER, "re-sharing NCCL's buffers failed:" + failures);
+}
+
+}  // namespace
+
+void pause(const group_spec& spec) {
+  std::lock_guard lock(records().mutex());
+  auto s = group_session::join(spec, group_op::pause, !g_state.paused, TAGMEM_ERROR_TAG_OFFLOADED,
+                               "the nccl tag is already paused (resume it first)");
+  const int me = s->rank();
+  throw_if_failed(s->outcomes(attempt(synchronize_devices), "waiting for the devices to be idle"),
+                  me, "waiting for its devices to be idle");
+  match(*s);
+  std::set<std::uint64_t> release = decide(*s);
+  std::vector<rank_outcome> copied;
+  try {
+    copied = s->outcomes(attempt([&] { back_up(release); }), "copying bytes to the host");
+  } catch (...) {
+    forget_backups(release);  // a rank vanished: nothing was released anywhere
+    throw;
+  }
+  if (std::any_of(copied.begin(), copied.end(),
+                  [](const rank_outcome& o) { return o.status != TAGMEM_SUCCESS; })) {
+    forget_backups(release);  // nothing was released anywhere: every rank stays as it was
+    throw_if_failed(copied, me, "copying NCCL's bytes to the host");
+  }
+  // Past this point nothing can be undone: the memory goes.
+  rank_outcome mine = attempt([&] { release_all(release); });
+  g_state.paused = true;
+  g_state.pause_count++;
+  count_kept();
+  throw_if_failed(s->outcomes(mine, "releasing"), me, "releasing NCCL's buffers");
+}
+
+void resume(const group_spec& spec) {
+  std::lock_guard lock(records().mutex());
+  auto s = group_session::join(spec, group_op::resume, g_state.paused, TAGMEM_ERROR_TAG_RESIDENT,
+                               "the nccl tag is not paused; nothing to resume");
+  const int me = s->rank();
+  std::vector<rebuilt> done;
+  rank_outcome mine = attempt([&] { done = rebuild_local(); });
+  std::vector<rank_outcome> all;
+  try {
+    all = s->outcomes(mine, "rebuilding buffers");
+  } catch (...) {
+    undo(done);  // a rank vanished: stay paused with the backup
+    throw;
+  }
+  bool any_failed = std::any_of(all.begin(), all.end(),
+                                [](const rank_outcome& o) { return o.status != TAGMEM_SUCCESS; });
+  if (any_failed) {
+    undo(done);  // every rank stays paused with its backup, so the call can be repeated
+    throw_if_failed(all, me, "rebuilding NCCL's buffers");
+  }
+  commit(done);
+  mine = attempt([&] { reshare(*s); });
+  all = s->outcomes(mine, "re-sharing");
+  throw_if_failed(all, me, "re-sharing NCCL's buffers");
+  g_state.paused = false;
+  g_state.resume_count++;
+}
+
+tagmem_nccl_stats stats() {
+  std::lock_guard lock(records().mutex());
+  tagmem_nccl_stats st{};
+  records().for_each([&](allocation& a) {
+    st.held_bytes += a.size;
+    st.allocations++;
+    (a.released ? st.released_bytes : st.resident_bytes) += a.size;
+    for (const host_extent& e : a.backup) st.backup_bytes += e.size;
+    if (a.from == origin::imported) {
+      st.imported_bytes += a.size;
+      st.imported_allocations++;
+    } else if (a.exported_ever) {
+      st.exported_bytes += a.size;
+      st.exported_allocations++;
+    } else {
+      st.local_bytes += a.size;
+      st.local_allocations++;
+    }
+    if (a.from == origin::classic) st.classic_bytes += a.size;
+  });
+  st.host_located_bytes = counters().host_located_bytes.load();
+  st.passthrough_bytes = counters().classic_bytes_now.load();
+  st.last_released_local_bytes = g_state.last_released[0];
+  st.last_released_exported_bytes = g_state.last_released[1];
+  st.last_released_imported_bytes = g_state.last_released[2];
+  st.last_released_bytes =
+      g_state.last_released[0] + g_state.last_released[1] + g_state.last_released[2];
+  st.last_released_allocations = g_state.last_released_allocations;
+  st.last_kept_bytes = g_state.last_kept_bytes;
+  st.last_kept_allocations = g_state.last_kept_allocations;
+  st.pause_count = g_state.pause_count;
+  st.resume_count = g_state.resume_count;
+  st.paused = g_state.paused ? 1 : 0;
+  return st;
+}
+
+}  // namespace tagmem::nccl

@@ -1,0 +1,158 @@
+// runtime_hooks.cpp — cudaMalloc, cudaFree, cudaMallocAsync and cudaFreeAsync of a dynamically
+// linked CUDA runtime (PyTorch's), routed to tagmem or passed through.
+//
+// An allocation goes to tagmem when the calling thread is inside a tag scope
+// (tagmem_push_tag), into that tag, or else when TAGMEM_PRELOAD_TAG names a default tag; every
+// other call goes to the runtime's own function untouched. The device is the runtime's current
+// one (cudaGetDevice), the stream the one given (the legacy default stream for cudaMalloc).
+// A free goes to tagmem when the pointer is the start of a tagmem allocation, to the runtime
+// otherwise; until tagmem has served any allocation no free is checked at all, so a process
+// that never uses a tag pays nothing. Statically linked runtimes (NCCL's) never call these:
+// their allocations are caught at the driver (driver_wrappers.hpp).
+//
+// Errors keep the runtime's vocabulary: out of memory (also a tag that is offloaded, which a
+// caching allocator such as PyTorch's treats like any out-of-memory) is
+// cudaErrorMemoryAllocation, a bad argument or unknown pointer cudaErrorInvalidValue, anything
+// else cudaErrorUnknown; tagmem's message is printed once per thread and kind when
+// TAGMEM_PRELOAD_LOG is set.
+#include <cuda_runtime_api.h>
+
+#include <atomic>
+#include <cstdio>
+
+#include "real_symbols.hpp"
+#include "reentry_guard.hpp"
+#include "shim_config.hpp"
+#include "tag_scope.hpp"
+#include "tagmem/tagmem.h"
+
+namespace tagmem::preload {
+namespace {
+
+using malloc_fn = cudaError_t (*)(void**, size_t);
+using free_fn = cudaError_t (*)(void*);
+using malloc_async_fn = cudaError_t (*)(void**, size_t, cudaStream_t);
+using free_async_fn = cudaError_t (*)(void*, cudaStream_t);
+using get_device_fn = cudaError_t (*)(int*);
+
+std::atomic<bool> g_served{false};  // tagmem has served at least one allocation
+
+template <class F>
+F next(const char* name, const void* caller) {
+  static_assert(sizeof(F) == sizeof(void*));
+  return reinterpret_cast<F>(next_runtime_symbol(name, caller));
+}
+
+// The tag a new allocation goes to, or null for the runtime.
+const char* routing_tag() {
+  if (!scope_empty()) return current_tag();
+  const std::string& t = config().default_tag;
+  return t.empty() ? nullptr : t.c_str();
+}
+
+int runtime_device(const void* caller) {
+  static std::atomic<get_device_fn> get{nullptr};
+  get_device_fn f = get.load();
+  if (!f) {
+    f = next<get_device_fn>("cudaGetDevice", caller);
+    get.store(f);
+  }
+  int device = 0;
+  if (f && f(&device) == cudaSuccess) return device;
+  return TAGMEM_CURRENT_DEVICE;
+}
+
+cudaError_t to_runtime_error(tagmem_status s) {
+  if (s != TAGMEM_SUCCESS && config().log) {
+    std::fprintf(stderr, "[tagmem preload] %s: %s\n", tagmem_status_string(s), tagmem_last_error());
+  }
+  switch (s) {
+    case TAGMEM_SUCCESS:
+      return cudaSuccess;
+    case TAGMEM_ERROR_OUT_OF_MEMORY:
+    case TAGMEM_ERROR_HOST_OUT_OF_MEMORY:
+    case TAGMEM_ERROR_TAG_OFFLOADED:
+      return cudaErrorMemoryAllocation;
+    case TAGMEM_ERROR_INVALID_ARGUMENT:
+    case TAGMEM_ERROR_UNKNOWN_POINTER:
+      return cudaErrorInvalidValue;
+    default:
+      return cudaErrorUnknown;
+  }
+}
+
+cudaError_t allocate(void** ptr, size_t size, cudaStream_t stream, const char* tag,
+                     const void* caller) {
+  reentry_guard guard;
+  tagmem_status s = tagmem_malloc_tagged(ptr, size, tag, runtime_device(caller),
+                                         reinterpret_cast<tagmem_stream>(stream));
+  if (s == TAGMEM_SUCCESS) g_served.store(true, std::memory_order_relaxed);
+  if (config().log) {
+    std::fprintf(stderr, "[tagmem preload] cudaMalloc(%zu) -> tag '%s': %s\n", size, tag,
+                 tagmem_status_string(s));
+  }
+  return to_runtime_error(s);
+}
+
+// 1: tagmem freed it; 0: not tagmem's; -1 with *err set: tagmem's but not freeable.
+int try_free(void* ptr, cudaStream_t stream, cudaError_t* err) {
+  if (!ptr || !g_served.load(std::memory_order_relaxed)) return 0;
+  reentry_guard guard;
+  void* base = nullptr;
+  if (tagmem_pointer_info(ptr, nullptr, 0, nullptr, &base, nullptr) != TAGMEM_SUCCESS) return 0;
+  if (base != ptr) {
+    *err = cudaErrorInvalidValue;  // inside an allocation, not its start: the runtime says so too
+    return -1;
+  }
+  *err = to_runtime_error(tagmem_free(ptr, reinterpret_cast<tagmem_stream>(stream)));
+  return 1;
+}
+
+}  // namespace
+}  // namespace tagmem::preload
+
+using namespace tagmem::preload;
+
+#define TAGMEM_NEXT(type, name)                           \
+  static std::atomic<type> real_{nullptr};                \
+  type real = real_.load();                               \
+  if (!real) {                                            \
+    real = next<type>(name, __builtin_return_address(0)); \
+    real_.store(real);                                    \
+  }                                                       \
+  if (!real) return cudaErrorInitializationError
+
+extern "C" __attribute__((visibility("default"))) cudaError_t cudaMalloc(void** ptr, size_t size) {
+  const void* caller = __builtin_return_address(0);
+  if (!reentry_guard::inside() && ptr && size > 0) {
+    if (const char* tag = routing_tag()) return allocate(ptr, size, nullptr, tag, caller);
+  }
+  TAGMEM_NEXT(malloc_fn, "cudaMalloc");
+  return real(ptr, size);
+}
+
+extern "C" __attribute__((visibility("default"))) cudaError_t cudaMallocAsync(void** ptr,
+                                                                              size_t size,
+                                                                              cudaStream_t stream) {
+  const void* caller = __builtin_return_address(0);
+  if (!reentry_guard::inside() && ptr && size > 0) {
+    if (const char* tag = routing_tag()) return allocate(ptr, size, stream, tag, caller);
+  }
+  TAGMEM_NEXT(malloc_async_fn, "cudaMallocAsync");
+  return real(ptr, size, stream);
+}
+
+extern "C" __attribute__((visibility("default"))) cudaError_t cudaFree(void* ptr) {
+  cudaError_t err = cudaSuccess;
+  if (!reentry_guard::inside() && try_free(ptr, nullptr, &err) != 0) return err;
+  TAGMEM_NEXT(free_fn, "cudaFree");
+  return real(ptr);
+}
+
+extern "C" __attribute__((visibility("default"))) cudaError_t cudaFreeAsync(void* ptr,
+                                                                            cudaStream_t stream) {
+  cudaError_t err = cudaSuccess;
+  if (!reentry_guard::inside() && try_free(ptr, stream, &err) != 0) return err;
+  TAGMEM_NEXT(free_async_fn, "cudaFreeAsync");
+  return real(ptr, stream);
+}
