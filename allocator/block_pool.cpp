@@ -118,7 +118,8 @@ block* block_pool::allocate(std::size_t size, CUstream stream) {
   b->requested = size;
   b->seg->live++;
   live_.emplace(b->ptr, b);
-  totals_.allocated_bytes += b->size;
+  totals_.allocated_bytes += rounded;  // tagmem.h: the request rounded to the alignment, not
+                                       // the block, which may keep an unsplit tail
   totals_.requested_bytes += size;
   totals_.live_allocations++;
   return b;
@@ -142,7 +143,7 @@ block* block_pool::find_containing(CUdeviceptr address) const {
 
 void block_pool::free(block* b, CUstream stream) {
   live_.erase(b->ptr);
-  totals_.allocated_bytes -= b->size;
+  totals_.allocated_bytes -= round_up(b->requested, alignment);
   totals_.requested_bytes -= b->requested;
   totals_.live_allocations--;
   b->allocated = false;
@@ -189,6 +190,7 @@ void block_pool::erase_segment(segment* s) {
 }
 
 std::size_t block_pool::release_cached() {
+  arena_.release_unreleased();
   std::size_t released = 0;
   auto& maps = arena_.mappings();
   for (auto it = maps.begin(); it != maps.end();) {
@@ -200,12 +202,23 @@ std::size_t block_pool::release_cached() {
     bool idle = true;
     for (auto s = first; s != last && idle; ++s) idle = s->second->live == 0;
     if (!idle) continue;
-    arena_.unmap(va);  // throws with nothing changed
-    meta_vector<segment*> doomed;
-    for (auto s = first; s != last; ++s) doomed.push_back(s->second);
-    for (segment* s : doomed) erase_segment(s);
-    arena_.forget(va);
-    arena_.free_va(va, size);
+    auto drop = [&] {
+      meta_vector<segment*> doomed;
+      for (auto s = first; s != last; ++s) doomed.push_back(s->second);
+      for (segment* s : doomed) erase_segment(s);
+      arena_.forget(va);
+      arena_.free_va(va, size);
+    };
+    try {
+      arena_.unmap(va);
+    } catch (...) {
+      // Only cuMemRelease failed (Note [release later] in vm_arena.cpp): the memory is unmapped,
+      // so its segments must go all the same, or later requests would be served from it.
+      if (maps.at(va).resident) throw;  // cuMemUnmap failed: nothing changed
+      drop();
+      throw;
+    }
+    drop();
     released += size;
   }
   return released;

@@ -72,9 +72,20 @@ device::~device() {
   api.cuDevicePrimaryCtxRelease(dev_);
 }
 
+// Waits for every copy stream even after one fails, and waits once more on a stream whose wait
+// failed: callers unmap device memory or hand host extents back as soon as this returns or
+// throws, so no copy they queued may still be running (a sticky context error fails the second
+// wait at once; a transient failure does not leave the copies unattended).
 void device::synchronize_copy_streams() {
-  for (CUstream s : d2h_) TAGMEM_CU(cuStreamSynchronize, s);
-  for (CUstream s : h2d_) TAGMEM_CU(cuStreamSynchronize, s);
+  CUresult first = CUDA_SUCCESS;
+  for (const auto* list : {&d2h_, &h2d_}) {
+    for (CUstream s : *list) {
+      CUresult r = driver::api().cuStreamSynchronize(s);
+      if (r != CUDA_SUCCESS) driver::api().cuStreamSynchronize(s);
+      if (first == CUDA_SUCCESS) first = r;
+    }
+  }
+  driver::check(first, "cuStreamSynchronize");
 }
 
 CUevent device::acquire_event() {

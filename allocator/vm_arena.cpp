@@ -1,4 +1,10 @@
 // vm_arena.cpp — virtual ranges and physical mappings of one tag (see vm_arena.hpp).
+//
+// Note [release later]: once cuMemUnmap has succeeded the memory is gone from the address
+// space, whatever cuMemRelease then says. If the release fails, the mapping is recorded as not
+// resident (the truth: the caller must not treat it as mapped, and an offload keeps its backup
+// piece), the error is reported, and the handle is kept and released again by the arena's next
+// map or unmap, or at the latest by its destructor, so a transient failure leaks nothing.
 #include "vm_arena.hpp"
 
 #include "address_index.hpp"
@@ -34,7 +40,14 @@ void unmap_physical(CUdeviceptr va, std::size_t bytes, CUmemGenericAllocationHan
 vm_arena::vm_arena(device& dev, const config& cfg, tag* owner)
     : dev_(dev), cfg_(cfg), owner_(owner) {}
 
+void vm_arena::release_unreleased() noexcept {
+  std::erase_if(unreleased_, [](CUmemGenericAllocationHandle h) {
+    return driver::api().cuMemRelease(h) == CUDA_SUCCESS;
+  });
+}
+
 vm_arena::~vm_arena() {
+  release_unreleased();
   const auto& api = driver::api();
   for (auto& [va, m] : mappings_) {
     if (!m.resident) continue;
@@ -104,6 +117,7 @@ void vm_arena::free_va(CUdeviceptr va, std::size_t bytes) {
 void vm_arena::map_new(CUdeviceptr va, std::size_t bytes) {
   auto [it, inserted] = mappings_.emplace(va, mapping{bytes, 0, false});
   TAGMEM_ASSERT(inserted);
+  release_unreleased();
   try {
     context_guard guard(dev_.context());
     it->second.handle = map_physical(dev_, va, bytes);
@@ -119,6 +133,8 @@ void vm_arena::unmap(CUdeviceptr va) {
   auto it = mappings_.find(va);
   TAGMEM_ASSERT(it != mappings_.end() && it->second.resident);
   mapping& m = it->second;
+  release_unreleased();
+  unreleased_.reserve(unreleased_.size() + 1);  // so that keeping the handle below cannot fail
   context_guard guard(dev_.context());
   CUresult r = driver::api().cuMemUnmap(va, m.size);
   if (r != CUDA_SUCCESS) driver::throw_error(r, "cuMemUnmap");  // still mapped and resident
@@ -126,7 +142,11 @@ void vm_arena::unmap(CUdeviceptr va) {
   mapped_bytes_ -= m.size;
   CUmemGenericAllocationHandle h = m.handle;
   m.handle = 0;
-  TAGMEM_CU(cuMemRelease, h);
+  r = driver::api().cuMemRelease(h);
+  if (r != CUDA_SUCCESS) {
+    unreleased_.push_back(h);  // Note [release later]
+    driver::throw_error(r, "cuMemRelease");
+  }
 }
 
 void vm_arena::forget(CUdeviceptr va) {

@@ -40,8 +40,13 @@ class vm_arena {
   // Creates physical memory of `bytes`, maps it at `va` and grants access; on failure nothing
   // stays created or mapped. Records a resident mapping.
   void map_new(CUdeviceptr va, std::size_t bytes);
-  // Unmaps and releases the resident mapping at `va`; the record stays, not resident.
+  // Unmaps and releases the resident mapping at `va`; the record stays, not resident. Throws
+  // with nothing changed if cuMemUnmap fails. If only cuMemRelease fails, the mapping is gone
+  // (not resident) and the error is thrown; see Note [release later].
   void unmap(CUdeviceptr va);
+  // Releases handles whose cuMemRelease failed earlier (Note [release later]); keeps those that
+  // fail again.
+  void release_unreleased() noexcept;
   // Forgets a mapping record (it must not be resident).
   void forget(CUdeviceptr va);
   // Replaces the non-resident records inside [va, va + bytes) with one resident mapping of
@@ -62,8 +67,9 @@ class vm_arena {
   const config& cfg_;
   tag* owner_;
   meta_vector<reservation> reservations_;
-  meta_map<CUdeviceptr, std::size_t> free_va_;  // start -> length, coalesced
-  meta_map<CUdeviceptr, mapping> mappings_;     // start -> mapping
+  meta_map<CUdeviceptr, std::size_t> free_va_;            // start -> length, coalesced
+  meta_map<CUdeviceptr, mapping> mappings_;               // start -> mapping
+  meta_vector<CUmemGenericAllocationHandle> unreleased_;  // see Note [release later]
   std::size_t mapped_bytes_ = 0;
   std::size_t virtual_bytes_ = 0;
 };

@@ -63,7 +63,7 @@ std::size_t rss_bytes();
 
 // The emulator's control API (tests of Emulator* suites only).
 struct emulator_controls {
-  void (*fail_call)(const char* entry, std::uint64_t nth, CUresult error);
+  int (*fail_call)(const char* entry, std::uint64_t nth, CUresult error);
   void (*clear_faults)();
   std::uint64_t (*call_count)(const char* entry);
 };

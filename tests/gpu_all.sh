@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Runs one part of the GPU pass on the device machine over a build staged by tests/gpu_stage.sh
+# (carried as .carry), writing logs under /tmp/gpu-out/PART and, when $OUT is set, a tarball of
+# them into $OUT.
+#
+#   bash tests/gpu_all.sh core     core suite on the real driver, the demo, reliability (1 GPU)
+#   bash tests/gpu_all.sh bench    benchmarks/gpu_run.sh (1 GPU)
+#   bash tests/gpu_all.sh torch    tests/torch/gpu_run.sh, single GPU
+#   bash tests/gpu_all.sh multi    tests/preload/gpu_run.sh and FSDP2 (2 GPUs)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+part=${1:?usage: gpu_all.sh core|bench|torch|multi}
+build=$PWD/.carry/build
+out=/tmp/gpu-out/$part
+mkdir -p "$out"
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+export LD_LIBRARY_PATH=$PWD/.carry/lib:$build/allocator${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+unset TAGMEM_LIBCUDA
+status=0
+step() {  # step NAME TIMEOUT COMMAND...
+  local name=$1 limit=$2
+  shift 2
+  local t0=$SECONDS
+  timeout "$limit" "$@" >"$out/$name.log" 2>&1
+  local rc=$?
+  [ $rc -ne 0 ] && status=1
+  printf '%-12s rc=%-3d %4ds\n' "$name" "$rc" $((SECONDS - t0)) | tee -a "$out/summary.txt"
+}
+nvidia-smi --query-gpu=name,memory.total,memory.used,driver_version --format=csv >"$out/gpu.txt" 2>&1
+case $part in
+  core)
+    step core 240 "$build/tests/core/tagmem_core_tests" --gtest_filter=-Emulator*
+    step demo 240 "$build/benchmarks/demo/tagmem_demo" --cycles 3
+    step stress 420 bash tests/stress/gpu_run.sh "$build" "$out/stress"
+    ;;
+  bench) step bench 560 bash benchmarks/gpu_run.sh "$build" "$out/bench" ;;
+  torch) step torch 560 bash tests/torch/gpu_run.sh "$build" "$out/torch" ;;
+  multi)
+    step preload 420 bash tests/preload/gpu_run.sh "$build" "$out/preload"
+    step fsdp2 150 bash tests/torch/gpu_run.sh "$build" "$out/fsdp2" --two-gpu --only fsdp2
+    ;;
+  *) echo "unknown part $part" >&2; exit 2 ;;
+esac
+tail -n 25 "$out"/*.log | tail -c 6000
+cat "$out/summary.txt"
+[ -n "${OUT:-}" ] && tar -czf "$OUT/$part-logs.tgz" -C "$out" . 2>/dev/null
+exit $status

@@ -1,0 +1,150 @@
+#!/usr/bin/env bash
+# Sanitizers and the bounded fuzzer run, on the emulated driver (docs/reliability.md).
+#
+# 1. AddressSanitizer + UndefinedBehaviorSanitizer build (clang 14, -fno-sanitize-recover=all via
+#    TAGMEM_SANITIZE): the emulator test suites (ctest -L emu) of every target it builds.
+# 2. The state-machine fuzzer, built in the same tree, for TAGMEM_FUZZ_SECONDS (120).
+# 3. ThreadSanitizer build: the threaded tests (Threads.*, Stress.*, EmulatorStress.*).
+# Any failing test, any sanitizer report (also one that a test somehow survived) and any fuzzer
+# finding fails the script. Build trees go under <build-root> (default: build-san/ in the repo).
+#
+# Usage: bash tests/sanitizers.sh [build-root]
+# Env:   TAGMEM_SAN_JOBS (build and test parallelism, default nproc), TAGMEM_FUZZ_SECONDS (120),
+#        TAGMEM_SAN_SKIP=asan,fuzz,tsan (parts to leave out), TAGMEM_SAN_TARGETS (extra targets
+#        for the ASan tree, e.g. other emu-labelled test binaries).
+set -euo pipefail
+repo=$(cd "$(dirname "$0")/.." && pwd)
+root=${1:-$repo/build-san}
+jobs=${TAGMEM_SAN_JOBS:-$(nproc)}
+skip=${TAGMEM_SAN_SKIP:-}
+export CC=${CC:-clang} CXX=${CXX:-clang++}
+mkdir -p "$root"
+summary=()
+failed=0
+
+# A sanitizer report in any log is a failure even if the process exit status hid it.
+scan() {
+  if grep -nE "ERROR: (Address|Leak)Sanitizer|WARNING: ThreadSanitizer|runtime error:|SUMMARY: (Address|Undefined|Thread)" "$1" | head -20; then
+    echo "[sanitizers] sanitizer report in $1"
+    return 1
+  fi
+}
+
+# libtagmem_emu.so and libtagmem.so link with --no-undefined, which an instrumented shared object
+# cannot pass: the sanitizer runtime is linked into the executable, which provides its symbols at
+# run time. CMAKE_<LANG>_STANDARD_LIBRARIES come last on every link line, so -z undefs there
+# overrides it for the sanitizer builds only. (A shared runtime, -shared-libsan, is no way out:
+# ThreadSanitizer's crashes at start-up here, and libFuzzer puts libstdc++ before ASan's.)
+configure() {  # <dir> <sanitizers> [cmake args...]
+  local dir=$1 san=$2
+  shift 2
+  cmake -S "$repo" -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+    -DTAGMEM_SANITIZE="$san" -DTAGMEM_BUILD_BENCHMARKS=OFF \
+    -DCMAKE_CXX_STANDARD_LIBRARIES=-Wl,-z,undefs -DCMAKE_C_STANDARD_LIBRARIES=-Wl,-z,undefs \
+    "$@" >"$dir.configure.log" 2>&1 || { cat "$dir.configure.log"; return 1; }
+}
+
+# Targets that exist in a configured tree, out of the candidates given.
+existing_targets() {  # <dir> <target...>
+  local dir=$1
+  shift
+  local all
+  all=$(ninja -C "$dir" -t targets all 2>/dev/null | sed 's/:.*//')
+  for t in "$@"; do
+    if grep -qx "$t" <<<"$all"; then echo "$t"; fi
+  done
+}
+
+# Names of the emu-labelled tests whose executables were built (others are listed, not hidden).
+built_emu_tests() {  # <dir>
+  (cd "$1" && ctest -L emu --show-only=json-v1) | python3 -c '
+import json, os, re, sys
+run, skipped = [], []
+for t in json.load(sys.stdin).get("tests", []):
+    cmd = t.get("command") or []
+    built = cmd and os.path.exists(cmd[0]) and not t["name"].endswith("_NOT_BUILT")
+    (run if built else skipped).append(t["name"])
+sys.stderr.write("[sanitizers] emu tests not built in this tree, not run: %s\n"
+                 % (", ".join(sorted(set(skipped))) or "none"))
+print("^(" + "|".join(re.escape(n) for n in run) + ")$" if run else "^$")
+'
+}
+
+common_env() {
+  export TAGMEM_METADATA=system  # tagmem's records in malloc, where the sanitizers see them
+  export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
+}
+
+# ---- 1. ASan + UBSan -------------------------------------------------------------------------
+asan=$root/address
+if [[ ",$skip," != *",asan,"* || ",$skip," != *",fuzz,"* ]]; then
+  start=$SECONDS
+  fuzz_flag=OFF
+  [[ ",$skip," != *",fuzz,"* ]] && fuzz_flag=ON
+  configure "$asan" address,undefined -DTAGMEM_BUILD_FUZZERS=$fuzz_flag
+  mapfile -t targets < <(existing_targets "$asan" tagmem_emu tagmem_emu_tests tagmem_core_tests \
+    tagmem_fault_tests tagmem_fuzz_replay_tests tagmem_stress_tests tagmem_fuzz_state_machine \
+    ${TAGMEM_SAN_TARGETS:-})
+  ninja -C "$asan" -j "$jobs" "${targets[@]}" >"$asan.build.log" 2>&1 ||
+    { tail -50 "$asan.build.log"; exit 1; }
+  summary+=("asan+ubsan build: ${#targets[@]} targets in $((SECONDS - start))s")
+fi
+
+if [[ ",$skip," != *",asan,"* ]]; then
+  start=$SECONDS
+  common_env
+  export ASAN_OPTIONS=detect_leaks=1:halt_on_error=1:allocator_may_return_null=1
+  export TAGMEM_FAULT_SWEEP=${TAGMEM_FAULT_SWEEP:-quick}
+  filter=$(built_emu_tests "$asan")
+  log=$asan/ctest-emu.log
+  if (cd "$asan" && ctest -L emu -R "$filter" -j "$jobs" --timeout 1200 --output-on-failure \
+        --output-log "$log" >"$asan.ctest.out" 2>&1) && scan "$log"; then
+    summary+=("asan+ubsan: $(grep -E 'tests passed' "$asan.ctest.out" | tail -1) in $((SECONDS - start))s")
+  else
+    tail -60 "$asan.ctest.out"
+    summary+=("asan+ubsan: FAILED (see $asan.ctest.out, $log)")
+    failed=1
+  fi
+  unset TAGMEM_FAULT_SWEEP
+fi
+
+# ---- 2. the fuzzer ---------------------------------------------------------------------------
+if [[ ",$skip," != *",fuzz,"* ]]; then
+  start=$SECONDS
+  common_env
+  if bash "$repo/tests/fuzz/run.sh" "$asan" "${TAGMEM_FUZZ_SECONDS:-120}" "$asan/fuzz-work" \
+      >"$asan.fuzz.out" 2>&1 && scan "$asan/fuzz-work/fuzz.log"; then
+    summary+=("fuzzer: $(grep -E 'stat::number_of_executed_units' "$asan/fuzz-work/fuzz.log" | tail -1 | tr -s ' ') in $((SECONDS - start))s; $(grep -E '^\[tagmem fuzz\]' "$asan/fuzz-work/fuzz.log" | tail -1)")
+  else
+    cat "$asan.fuzz.out"
+    summary+=("fuzzer: FAILED (see $asan.fuzz.out)")
+    failed=1
+  fi
+fi
+
+# ---- 3. TSan ---------------------------------------------------------------------------------
+if [[ ",$skip," != *",tsan,"* ]]; then
+  start=$SECONDS
+  tsan=$root/thread
+  configure "$tsan" thread
+  ninja -C "$tsan" -j "$jobs" tagmem_emu tagmem_core_tests tagmem_stress_tests \
+    >"$tsan.build.log" 2>&1 || { tail -50 "$tsan.build.log"; exit 1; }
+  common_env
+  export TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1
+  export TAGMEM_LIBCUDA=$tsan/allocator/driver/emu/libtagmem_emu.so
+  log=$tsan/threads.log
+  if "$tsan/tests/core/tagmem_core_tests" --gtest_filter='Threads*' >"$log" 2>&1 &&
+     "$tsan/tests/stress/tagmem_stress_tests" --gtest_filter='Stress*:EmulatorStress*' >>"$log" 2>&1 &&
+     scan "$log"; then
+    summary+=("tsan: $(grep -cE '^\[       OK \]' "$log") threaded tests passed in $((SECONDS - start))s")
+  else
+    tail -80 "$log"
+    summary+=("tsan: FAILED (see $log)")
+    failed=1
+  fi
+  unset TAGMEM_LIBCUDA
+fi
+
+echo "---- sanitizers summary ----"
+printf '%s\n' "${summary[@]}"
+exit $failed
