@@ -127,19 +127,6 @@ class LibraryNotFound(OSError):
     """libtagmem could not be found or loaded; the message lists every place tried."""
 
 
-def _prepare_process():
-    # Note [libstdc++ before libtagmem]: libtagmem.so needs libmimalloc.so.2, which also defines
-    # operator new/delete. Loaded RTLD_LOCAL into an interpreter that has no libstdc++ yet (plain
-    # python3), libstdc++ is relocated inside libtagmem's scope and ends up pairing glibc's
-    # operator new with mimalloc's operator delete; the emulated driver, dlopen'ed later, then
-    # frees glibc blocks with mi_free and crashes. Making libstdc++ global first keeps every
-    # operator new/delete pair in libstdc++. Harmless where libstdc++ is already loaded (torch).
-    try:
-        ctypes.CDLL("libstdc++.so.6", mode=ctypes.RTLD_GLOBAL)
-    except OSError:
-        pass
-
-
 def _candidates():
     process = ctypes.CDLL(None)
     if hasattr(process, "tagmem_malloc"):
@@ -162,7 +149,6 @@ def lib():
     with _lock:
         if _lib is not None:
             return _lib
-        _prepare_process()
         tried = []
         for origin, load in _candidates():
             try:
