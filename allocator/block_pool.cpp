@@ -189,6 +189,18 @@ void block_pool::erase_segment(segment* s) {
   delete s;
 }
 
+bool block_pool::has_releasable() const {
+  if (arena_.has_unreleased()) return true;
+  for (const auto& [va, m] : arena_.mappings()) {
+    bool idle = true;
+    for (auto s = segments_.lower_bound(va); s != segments_.lower_bound(va + m.size) && idle; ++s) {
+      idle = s->second->live == 0;
+    }
+    if (idle) return true;
+  }
+  return false;
+}
+
 std::size_t block_pool::release_cached() {
   arena_.release_unreleased();
   std::size_t released = 0;

@@ -74,6 +74,8 @@ class block_pool {
   // Releases the physical memory and virtual space of every mapping whose segments hold no live
   // block. Returns the bytes released. Only valid while every mapping is resident.
   std::size_t release_cached();
+  // Whether release_cached() would give anything back to the driver.
+  bool has_releasable() const;
 
   const pool_totals& totals() const noexcept { return totals_; }
 

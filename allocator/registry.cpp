@@ -233,18 +233,19 @@ void registry::swap(const char* const* out_names, std::size_t out_count,
 }
 
 std::size_t registry::empty_cache(int ordinal) {
-  // Note [offload waits] applies here too: the last block of a chunk may have been freed on a
-  // stream whose queued work still uses it (tagmem_free is stream-ordered), and unmapping memory
-  // under a running copy or kernel faults. Wait for the device before unmapping anything.
   device& d = dev(ordinal);
-  {
-    context_guard guard(d.context());
-    TAGMEM_CU(cuCtxSynchronize, d.context());
-  }
   std::size_t released = 0;
   for (tag* t : tags(ordinal)) {
     std::lock_guard lock(t->mutex());
-    if (t->offloaded()) continue;
+    if (t->offloaded() || !t->pool().has_releasable()) continue;
+    // Note [offload waits] applies here too: the last block of a chunk may have been freed on a
+    // stream whose queued work still uses it (tagmem_free is stream-ordered), and unmapping
+    // memory under a running copy or kernel faults. Wait for the device first, holding the tag's
+    // lock so that no block of it can be freed between the wait and the unmap.
+    {
+      context_guard guard(d.context());
+      TAGMEM_CU(cuCtxSynchronize, d.context());
+    }
     released += t->pool().release_cached();
   }
   return released;

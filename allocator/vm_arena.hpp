@@ -47,6 +47,7 @@ class vm_arena {
   // Releases handles whose cuMemRelease failed earlier (Note [release later]); keeps those that
   // fail again.
   void release_unreleased() noexcept;
+  bool has_unreleased() const noexcept { return !unreleased_.empty(); }
   // Forgets a mapping record (it must not be resident).
   void forget(CUdeviceptr va);
   // Replaces the non-resident records inside [va, va + bytes) with one resident mapping of

@@ -20,7 +20,8 @@ FAULT_ENTRIES = [None, "cuMemCreate", "cuMemMap", "cuMemSetAccess", "cuMemUnmap"
                  "cuMemcpyDtoHAsync", "cuMemcpyHtoDAsync", "cuStreamSynchronize",
                  "cuCtxSynchronize", "cuMemHostRegister", "cuMemAddressReserve", "cuEventRecord",
                  "cuStreamWaitEvent", "cuEventCreate", "cuMemGetInfo", "cuCtxSetCurrent",
-                 "cuCtxGetCurrent", "cuStreamCreate", "cuDevicePrimaryCtxRetain"]
+                 "cuCtxGetCurrent", "cuStreamCreate", "cuDevicePrimaryCtxRetain",
+                 "cuMemHostUnregister", "cuMemHostAlloc", "cuMemFreeHost"]
 OOM, UNKNOWN, INVALID_VALUE, LAUNCH_FAILED = range(4)
 
 
@@ -279,6 +280,16 @@ def regressions():
     p.offload(["t0"], mode=BADMODE)
     p.swap(["t0"], [], mode=BADMODE)
     r["invalid_offload_mode_was_undefined_behaviour"] = p
+
+    p = Program()
+    p.alloc("t0", DEV0, KIB, 1000)
+    p.offload(["t0"])
+    p.reload(["t0"])
+    p.fault("cuMemHostUnregister", 1, UNKNOWN)
+    p.host(1, 0)
+    p.offload(["t0"])
+    p.reload(["t0"])
+    r["trim_unregister_failure_unmapped_pinned_memory"] = p
     return r
 
 

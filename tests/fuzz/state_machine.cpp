@@ -136,7 +136,10 @@ const char* const kFaultEntries[] = {nullptr,
                                      "cuCtxSetCurrent",
                                      "cuCtxGetCurrent",
                                      "cuStreamCreate",
-                                     "cuDevicePrimaryCtxRetain"};
+                                     "cuDevicePrimaryCtxRetain",
+                                     "cuMemHostUnregister",
+                                     "cuMemHostAlloc",
+                                     "cuMemFreeHost"};
 constexpr CUresult kFaultErrors[] = {CUDA_ERROR_OUT_OF_MEMORY, CUDA_ERROR_UNKNOWN,
                                      CUDA_ERROR_INVALID_VALUE, CUDA_ERROR_LAUNCH_FAILED};
 

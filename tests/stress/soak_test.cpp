@@ -15,8 +15,8 @@
 // pinned host memory and the process's RSS must not grow between the second and the last
 // switch of the same phase (a leak per switch).
 //
-// Knobs: TAGMEM_SOAK_SWITCHES (40), TAGMEM_SOAK_WEIGHTS_MIB (16; the optimizer is twice that),
-// TAGMEM_SOAK_KV_MIB (32), TAGMEM_SOAK_ROTATION (8), TAGMEM_SOAK_FULL_EVERY (100).
+// Knobs: TAGMEM_SOAK_SWITCHES (40), TAGMEM_SOAK_WEIGHTS_MIB (8; the optimizer is twice that),
+// TAGMEM_SOAK_KV_MIB (16), TAGMEM_SOAK_ROTATION (8), TAGMEM_SOAK_FULL_EVERY (100).
 // tests/stress/gpu_run.sh runs 1,000 switches at GPU sizes.
 #include <gtest/gtest.h>
 
@@ -146,8 +146,8 @@ std::vector<std::size_t> layer_sizes(std::size_t total, std::mt19937_64& rng) {
 
 TEST_F(Soak, TrainerEngineSwitchesKeepEveryByteAndLeaveNoMemoryBehind) {
   const std::uint64_t switches = knob("TAGMEM_SOAK_SWITCHES", 40);
-  const std::size_t weights = knob("TAGMEM_SOAK_WEIGHTS_MIB", 16) * kMiB;
-  const std::size_t kv = knob("TAGMEM_SOAK_KV_MIB", 32) * kMiB;
+  const std::size_t weights = knob("TAGMEM_SOAK_WEIGHTS_MIB", 8) * kMiB;
+  const std::size_t kv = knob("TAGMEM_SOAK_KV_MIB", 16) * kMiB;
   rotation_ = knob("TAGMEM_SOAK_ROTATION", 8);
   const std::uint64_t full_every = knob("TAGMEM_SOAK_FULL_EVERY", 100);
   ASSERT_GE(switches, 4u);

@@ -335,3 +335,49 @@ TEST_F(EmulatorStress, EmptyCacheAfterAStreamOrderedFreeWaitsForQueuedCopies) {
 
 }  // namespace
 }  // namespace tagmem::stress
+
+namespace tagmem::stress {
+namespace {
+
+// The same hazard with the cache flush on another thread: between its wait for the device and
+// its unmapping, a block may be allocated, written on a stream and freed again. A thread that
+// does exactly that in a loop, while another empties the cache in a loop, catches it within a
+// few hundred iterations when the wait is not tied to the tag's lock.
+TEST_F(EmulatorStress, EmptyCacheOnAnotherThreadNeverUnmapsUnderAQueuedCopy) {
+  const auto& emu = reliability::emu();
+  ASSERT_TRUE(emu.available) << "needs the emulated driver";
+  const auto& api = driver::api();
+  CUstream s = nullptr;
+  check_cu(api.cuStreamCreate(&s, CU_STREAM_NON_BLOCKING), "cuStreamCreate");
+  std::vector<unsigned char> bytes(256 << 10, 0xa5);
+  emu.set_copy_bytes_per_second(std::uint64_t{1} << 30);  // 256 KiB takes 0.25 ms
+  std::atomic<bool> done{false};
+  failures fail;
+  std::thread janitor([&] {
+    while (!done.load()) {
+      if (tagmem_empty_cache(0) != TAGMEM_SUCCESS) fail.add(tagmem_last_error());
+    }
+  });
+  for (int i = 0; i < 400 && fail.count() == 0; ++i) {
+    void* p = nullptr;
+    if (tagmem_malloc_tagged(&p, bytes.size(), "churn", 0, s) != TAGMEM_SUCCESS) {
+      fail.add(tagmem_last_error());
+      break;
+    }
+    check_cu(api.cuMemcpyHtoDAsync(reinterpret_cast<CUdeviceptr>(p), bytes.data(), bytes.size(), s),
+             "cuMemcpyHtoDAsync");
+    if (tagmem_free(p, s) != TAGMEM_SUCCESS) fail.add(tagmem_last_error());
+  }
+  const CUresult synced = api.cuStreamSynchronize(s);
+  done = true;
+  janitor.join();
+  emu.set_copy_bytes_per_second(0);
+  EXPECT_EQ(fail.count(), 0) << fail.first();
+  EXPECT_EQ(synced, CUDA_SUCCESS) << "a queued copy faulted: its memory was unmapped under it";
+  EXPECT_EQ(emu.sticky_error(0), CUDA_SUCCESS);
+  emu.clear_sticky_error(0);
+  api.cuStreamDestroy(s);
+}
+
+}  // namespace
+}  // namespace tagmem::stress

@@ -3,6 +3,8 @@
 // One row per code: every code the emulator returns, and the common ones a caller may pass in
 // from elsewhere, with the real driver's wording. An unknown code is CUDA_ERROR_INVALID_VALUE
 // with a null string, as on the real driver (measured). Both work before cuInit.
+#include <cstring>
+
 #include "api.hpp"
 
 namespace {
@@ -51,9 +53,13 @@ constexpr error_text errors[] = {
 
 #undef TAGMEM_EMU_ERROR
 
-const error_text* find(CUresult code) {
+// Callers may pass any integer as a CUresult (the real driver answers unknown codes with an
+// error), so the value is read as an int: loading an out-of-range enum is undefined behaviour.
+const error_text* find(const CUresult& code) {
+  int raw = 0;
+  std::memcpy(&raw, &code, sizeof raw);
   for (const error_text& e : errors)
-    if (e.code == code) return &e;
+    if (static_cast<int>(e.code) == raw) return &e;
   return nullptr;
 }
 
