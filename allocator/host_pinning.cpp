@@ -116,18 +116,28 @@ pinned_range pin_range(std::size_t bytes, pin_method how, CUcontext context) {
   return {base, bytes};
 }
 
-void unpin_range(const pinned_range& r, pin_method how, CUcontext context) noexcept {
+unpin_result unpin_range(const pinned_range& r, pin_method how, CUcontext context) noexcept {
   const auto& api = driver::api();
   CUcontext previous = nullptr;
-  api.cuCtxGetCurrent(&previous);
-  if (previous != context) api.cuCtxSetCurrent(context);
+  if (CUresult e = api.cuCtxGetCurrent(&previous); e != CUDA_SUCCESS) return {e, "cuCtxGetCurrent"};
+  if (previous != context) {
+    if (CUresult e = api.cuCtxSetCurrent(context); e != CUDA_SUCCESS) {
+      return {e, "cuCtxSetCurrent"};
+    }
+  }
+  unpin_result out;
   if (how == pin_method::host_alloc) {
-    api.cuMemFreeHost(r.base);
+    if (CUresult e = api.cuMemFreeHost(r.base); e != CUDA_SUCCESS) out = {e, "cuMemFreeHost"};
+  } else if (CUresult e = api.cuMemHostUnregister(r.base); e != CUDA_SUCCESS) {
+    // Maybe still registered: stays mapped (Note [unpin keeps what it cannot release]).
+    out = {e, "cuMemHostUnregister"};
   } else {
-    api.cuMemHostUnregister(r.base);
     munmap(r.base, r.size);
   }
+  // A failed restore is no failure of the unpin: the thread is left in `context` (as
+  // context_guard does).
   if (previous != context) api.cuCtxSetCurrent(previous);
+  return out;
 }
 
 void pin_parallel(std::size_t bytes, std::size_t min_piece, unsigned threads, pin_method how,
@@ -150,7 +160,7 @@ void pin_parallel(std::size_t bytes, std::size_t min_piece, unsigned threads, pi
       try {
         done(r);
       } catch (...) {
-        unpin_range(r, how, context);
+        (void)unpin_range(r, how, context);  // on failure it stays pinned: nowhere to keep it
         throw;
       }
     } catch (...) {
@@ -161,9 +171,15 @@ void pin_parallel(std::size_t bytes, std::size_t min_piece, unsigned threads, pi
   if (first_error) std::rethrow_exception(first_error);
 }
 
-void unpin_parallel(const pinned_range* ranges, std::size_t count, unsigned threads, pin_method how,
-                    CUcontext context) noexcept {
-  for_each_index(count, threads, [&](std::size_t i) { unpin_range(ranges[i], how, context); });
+std::size_t unpin_parallel(const pinned_range* ranges, std::size_t count, unsigned threads,
+                           pin_method how, CUcontext context, unpin_result* results) noexcept {
+  std::atomic<std::size_t> failed{0};
+  for_each_index(count, threads, [&](std::size_t i) {
+    unpin_result r = unpin_range(ranges[i], how, context);
+    if (!r.ok()) failed.fetch_add(1);
+    if (results) results[i] = r;
+  });
+  return failed.load();
 }
 
 }  // namespace tagmem

@@ -7,8 +7,12 @@
 #include "host_store.hpp"
 
 #include <algorithm>
+#include <iterator>
+#include <string>
+#include <utility>
 
 #include "driver/driver.hpp"
+#include "error.hpp"
 
 namespace tagmem {
 namespace {
@@ -28,11 +32,15 @@ host_store::host_store(std::size_t slab_bytes, CUcontext context)
 host_store::~host_store() {
   std::unique_lock lock(mutex_);
   stop_background(lock);
+  // A slab whose unpin fails stays pinned and mapped for the life of the process: a destructor
+  // cannot report it, and unmapping it could pull pages from under the driver (Note [unpin keeps
+  // what it cannot release] in host_pinning.hpp). The others are unpinned all the same.
   meta_vector<pinned_range> all;
   try {
+    all.reserve(slabs_.size());
     for (auto& [base, s] : slabs_) all.push_back({base, s.size});
   } catch (...) {  // no memory for the list: unpin one by one
-    for (auto& [base, s] : slabs_) unpin_range({base, s.size}, method_, context_);
+    for (auto& [base, s] : slabs_) (void)unpin_range({base, s.size}, method_, context_);
     return;
   }
   unpin_parallel(all.data(), all.size(), threads_, method_, context_);
@@ -167,25 +175,63 @@ void host_store::reserve(std::size_t bytes, bool wait) {
   }
 }
 
+// Note [trim keeps what it cannot unpin]: the slabs to unpin leave the books under the lock, so
+// that no acquire takes from them while they are unpinned without it (on several threads). Their
+// map nodes are extracted, not erased: a slab whose unpin fails (it stays pinned and mapped, Note
+// [unpin keeps what it cannot release]) goes back as the free slab it was, counted as pinned,
+// without allocating, and trim then reports the failed call. Slabs unpinned fine stay unpinned.
 void host_store::trim(std::size_t keep_bytes) {
+  struct taken_slab {
+    decltype(slabs_)::node_type slab;
+    decltype(free_)::node_type free;
+  };
+  meta_vector<taken_slab> taken;
   meta_vector<pinned_range> doomed;
+  meta_vector<unpin_result> results;
   {
     std::unique_lock lock(mutex_);
     target_bytes_ = std::min(target_bytes_, keep_bytes);
     changed_.wait(lock, [&] { return !background_running_; });
+    taken.reserve(slabs_.size());  // these may throw, before anything changed
     doomed.reserve(slabs_.size());
+    results.resize(slabs_.size());
     for (auto it = slabs_.begin(); it != slabs_.end() && stats_.pinned_bytes > keep_bytes;) {
       if (it->second.used || stats_.pinned_bytes - it->second.size < keep_bytes) {
         ++it;  // holds a backup, or freeing it would go below keep_bytes
         continue;
       }
       doomed.push_back({it->first, it->second.size});
-      free_.erase(it->first);  // an unused slab is one free range
       stats_.pinned_bytes -= it->second.size;
-      it = slabs_.erase(it);
+      auto next = std::next(it);
+      auto free_node = free_.extract(it->first);  // an unused slab is one free range
+      taken.push_back({slabs_.extract(it), std::move(free_node)});
+      it = next;
     }
   }
-  unpin_parallel(doomed.data(), doomed.size(), threads_, method_, context_);
+  const std::size_t failed =
+      unpin_parallel(doomed.data(), doomed.size(), threads_, method_, context_, results.data());
+  if (failed == 0) return;
+  const unpin_result* first = nullptr;
+  std::size_t kept = 0;
+  {
+    std::lock_guard lock(mutex_);
+    for (std::size_t i = 0; i < doomed.size(); ++i) {
+      if (results[i].ok()) continue;
+      slabs_.insert(std::move(taken[i].slab));
+      free_.insert(std::move(taken[i].free));
+      stats_.pinned_bytes += doomed[i].size;
+      kept += doomed[i].size;
+      if (!first) first = &results[i];
+    }
+    // Another thread may have pinned more while these were out of the books.
+    stats_.high_water = std::max(stats_.high_water, stats_.pinned_bytes);
+    changed_.notify_all();
+  }
+  fail(TAGMEM_ERROR_DRIVER,
+       std::string(first->call) +
+           " failed while trimming the pinned host store: " + driver::describe(first->result) +
+           "; " + std::to_string(failed) + " of " + std::to_string(doomed.size()) + " slabs (" +
+           std::to_string(kept) + " bytes) stay pinned and usable");
 }
 
 host_store_stats host_store::stats() {

@@ -38,7 +38,9 @@ class host_store {
  public:
   // Reads TAGMEM_HOST_PIN and TAGMEM_HOST_PIN_THREADS (throws INVALID_ARGUMENT).
   host_store(std::size_t slab_bytes, CUcontext context);
-  ~host_store();  // stops background pinning after its current pieces, unpins every slab
+  // Stops background pinning after its current pieces and unpins every slab (one that cannot
+  // be unpinned stays pinned and mapped: Note [unpin keeps what it cannot release]).
+  ~host_store();
   host_store(const host_store&) = delete;
   host_store& operator=(const host_store&) = delete;
 
@@ -51,7 +53,9 @@ class host_store {
   // failure there is dropped: the next acquire pins what it needs and reports its own).
   void reserve(std::size_t bytes, bool wait);
   // Unpins slabs that hold no extent as long as at least keep_bytes stay pinned; cancels
-  // background growth beyond keep_bytes.
+  // background growth beyond keep_bytes. Throws DRIVER naming the failed call when a slab cannot
+  // be unpinned: that slab stays pinned and free for use, the others are unpinned (Note [trim
+  // keeps what it cannot unpin], host_store.cpp).
   void trim(std::size_t keep_bytes);
 
   host_store_stats stats();

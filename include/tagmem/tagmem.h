@@ -202,7 +202,9 @@ TAGMEM_API tagmem_status tagmem_empty_cache(int device);
  * Errors: HOST_OUT_OF_MEMORY, DRIVER (only when wait != 0). */
 TAGMEM_API tagmem_status tagmem_host_reserve(size_t bytes, int wait);
 
-/* Unpins and frees host store memory that holds no backup, keeping at least `keep_bytes`. */
+/* Unpins and frees host store memory that holds no backup, keeping at least `keep_bytes`.
+ * Errors: DRIVER if a slab cannot be unpinned; that slab stays pinned and usable, the others
+ * are freed. */
 TAGMEM_API tagmem_status tagmem_host_trim(size_t keep_bytes);
 
 /* ---- statistics ---------------------------------------------------------------------------- */

@@ -13,7 +13,9 @@
 // short while unmapping leaves a tag offloaded with some mappings still resident; a list reload
 // keeps the tags before the failing one). The model then reads each named tag's new state from
 // tagmem, checks the transition is one the call could make, and follows it; verify() still
-// checks bytes, addresses and every statistic.
+// checks bytes, addresses and every statistic. A host trim whose cuMemHostUnregister or
+// cuMemFreeHost failed must return an error and keep that slab pinned (the store's pinned bytes
+// still equal the emulator's).
 #include "state_machine.hpp"
 
 #include <cuda.h>
@@ -786,6 +788,14 @@ void runner::op_host() {
   after_call();
   const char* names[3] = {"host_reserve(wait)", "host_trim", "host_reserve(background)"};
   expect(std::string(names[kind]) + " " + std::to_string(bytes), s, {});
+  // A trim whose unpin failed keeps that slab (verify() checks the store's pinned bytes against
+  // the emulator's) and must say so: no unpinning call of a trim may fail silently.
+  const bool unpin_fault = fired_ && fault_.entry &&
+                           (std::strcmp(fault_.entry, "cuMemHostUnregister") == 0 ||
+                            std::strcmp(fault_.entry, "cuMemFreeHost") == 0);
+  if (kind == 1 && unpin_fault && s == TAGMEM_SUCCESS) {
+    fail(std::string("host_trim returned success but its ") + fault_.entry + " failed");
+  }
 }
 
 void runner::op_misuse() {
