@@ -96,7 +96,6 @@ void malloc_in(registry& r, void** ptr, std::size_t size, const char* name, int 
                tagmem_stream stream) {
   expect_non_null(ptr, "ptr");
   *ptr = nullptr;
-  check_tag_name(name);
   *ptr = r.allocate(size, name, r.resolve_device(device), stream);
 }
 
@@ -239,6 +238,10 @@ tagmem_status tagmem_empty_cache(int device) {
   return guarded([&](registry& r) { r.empty_cache(r.resolve_device(device)); });
 }
 
+tagmem_status tagmem_wait_released(int device) {
+  return guarded([&](registry& r) { r.wait_released(r.resolve_device(device)); });
+}
+
 tagmem_status tagmem_host_reserve(size_t bytes, int wait) {
   return guarded([&](registry& r) { r.store().reserve(bytes, wait != 0); });
 }
@@ -270,6 +273,7 @@ tagmem_status tagmem_device_stats_get(int device, tagmem_device_stats* out) {
       s.tags++;
     }
     r.dev(d).memory_info(&s.device_free_bytes, &s.device_total_bytes);
+    s.release_pending_bytes = r.dev(d).releases().pending_bytes();
     host_store_stats hs = r.store().stats();
     s.host_pinned_bytes = hs.pinned_bytes;
     s.host_pinned_high_water = hs.high_water;

@@ -70,6 +70,14 @@ config make_config(const tagmem_config* user) {
   take(c.copy_piece_bytes, user->copy_piece_bytes, "TAGMEM_COPY_PIECE_BYTES");
   take(c.max_mapping_bytes, user->max_mapping_bytes, "TAGMEM_MAX_MAPPING_BYTES");
   take(c.host_slab_bytes, 0, "TAGMEM_HOST_SLAB_BYTES");
+  take(c.discard_mapping_bytes, 0, "TAGMEM_DISCARD_MAPPING_BYTES");
+  if (const char* n = std::getenv("TAGMEM_COPY_STREAMS"); n && *n) {
+    char* end = nullptr;
+    long v = std::strtol(n, &end, 10);
+    TAGMEM_EXPECTS(*end == '\0' && v >= 1 && v <= 16, TAGMEM_ERROR_INVALID_ARGUMENT,
+                   std::string("TAGMEM_COPY_STREAMS='") + n + "': expected 1 to 16");
+    c.copy_streams = static_cast<int>(v);
+  }
   if (const char* m = std::getenv("TAGMEM_METADATA"); m && *m) {
     if (std::strcmp(m, "mimalloc") == 0) {
       c.metadata = metadata_allocator::mimalloc;
@@ -80,6 +88,16 @@ config make_config(const tagmem_config* user) {
            std::string("TAGMEM_METADATA='") + m + "': expected mimalloc or system");
     }
   }
+  if (const char* m = std::getenv("TAGMEM_DISCARD_RELEASE"); m && *m) {
+    if (std::strcmp(m, "background") == 0) {
+      c.background_release = true;
+    } else if (std::strcmp(m, "wait") == 0) {
+      c.background_release = false;
+    } else {
+      fail(TAGMEM_ERROR_INVALID_ARGUMENT,
+           std::string("TAGMEM_DISCARD_RELEASE='") + m + "': expected background or wait");
+    }
+  }
   constexpr std::size_t granule = 2ull << 20;  // the driver's granularity is checked per device
   TAGMEM_EXPECTS(c.chunk_bytes % granule == 0, TAGMEM_ERROR_INVALID_ARGUMENT,
                  "chunk_bytes must be a multiple of 2 MiB");
@@ -87,6 +105,8 @@ config make_config(const tagmem_config* user) {
                  TAGMEM_ERROR_INVALID_ARGUMENT, "arena_bytes must be a multiple of 2 MiB");
   TAGMEM_EXPECTS(c.max_mapping_bytes % granule == 0, TAGMEM_ERROR_INVALID_ARGUMENT,
                  "max_mapping_bytes must be a multiple of 2 MiB");
+  TAGMEM_EXPECTS(c.discard_mapping_bytes % granule == 0, TAGMEM_ERROR_INVALID_ARGUMENT,
+                 "TAGMEM_DISCARD_MAPPING_BYTES must be a multiple of 2 MiB");
   TAGMEM_EXPECTS(c.copy_piece_bytes >= (1u << 20), TAGMEM_ERROR_INVALID_ARGUMENT,
                  "copy_piece_bytes must be at least 1 MiB");
   TAGMEM_EXPECTS(c.host_slab_bytes >= (1u << 20), TAGMEM_ERROR_INVALID_ARGUMENT,

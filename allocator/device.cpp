@@ -61,6 +61,7 @@ device::device(int ordinal, const config& cfg) : ordinal_(ordinal) {
 }
 
 device::~device() {
+  releases_.drain();  // while the context is still retained
   const auto& api = driver::api();
   CUcontext previous = nullptr;
   api.cuCtxGetCurrent(&previous);

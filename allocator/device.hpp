@@ -1,5 +1,5 @@
 // device.hpp — what tagmem keeps per CUDA device: its primary context, allocation properties,
-// dedicated copy streams and a pool of events.
+// dedicated copy streams, a pool of events and the queue of memory being released.
 //
 // tagmem works in each device's primary context (the one the CUDA runtime and PyTorch use), so
 // its streams and copies interoperate with the application's. context_guard makes that context
@@ -13,6 +13,7 @@
 
 #include "config.hpp"
 #include "metadata_heap.hpp"
+#include "release_queue.hpp"
 
 namespace tagmem {
 
@@ -47,6 +48,9 @@ class device {
   // free and total device memory, as the driver reports them now.
   void memory_info(std::size_t* free_bytes, std::size_t* total_bytes);
 
+  // Physical memory unmapped by DISCARD offloads, being released (Note [background release]).
+  release_queue& releases() noexcept { return releases_; }
+
  private:
   int ordinal_;
   CUdevice dev_ = 0;
@@ -58,6 +62,7 @@ class device {
   meta_vector<CUstream> d2h_, h2d_;
   std::mutex events_mutex_;
   meta_vector<CUevent> free_events_;
+  release_queue releases_;
 };
 
 // Makes a context current on this thread for the guard's lifetime.

@@ -63,8 +63,8 @@ int registry::resolve_device(int ordinal) {
 
 device& registry::dev(int ordinal) {
   device_slot& s = slot(ordinal);
-  std::lock_guard lock(devices_mutex_);
-  if (!s.dev) s.dev = std::make_unique<device>(ordinal, cfg_);
+  // A constructor that throws leaves the flag unset: the next call tries again.
+  std::call_once(s.created, [&] { s.dev = std::make_unique<device>(ordinal, cfg_); });
   return *s.dev;
 }
 
@@ -248,7 +248,12 @@ std::size_t registry::empty_cache(int ordinal) {
     }
     released += t->pool().release_cached();
   }
+  wait_released(ordinal);
   return released;
+}
+
+void registry::wait_released(int ordinal) {
+  driver::check(dev(ordinal).releases().drain(), "cuMemRelease");
 }
 
 }  // namespace tagmem

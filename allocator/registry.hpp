@@ -43,9 +43,11 @@ class registry {
   void swap(const char* const* out_names, std::size_t out_count, const char* const* in_names,
             std::size_t in_count, int ordinal, tagmem_offload_mode mode);
   std::size_t empty_cache(int ordinal);
+  void wait_released(int ordinal);  // Note [background release]; throws DRIVER
 
  private:
   struct device_slot {
+    std::once_flag created;  // dev is set once, without a lock on every later use
     std::unique_ptr<device> dev;
     std::shared_mutex tags_mutex;
     meta_map<meta_string, tag*> tags;
@@ -55,7 +57,7 @@ class registry {
 
   config cfg_;
   int device_count_ = 0;
-  std::mutex devices_mutex_;  // creating devices and the store
+  std::mutex devices_mutex_;  // creating the store
   meta_vector<std::unique_ptr<device_slot>> slots_;
   std::unique_ptr<host_store> store_;
 };

@@ -15,8 +15,13 @@ namespace tagmem {
 CUmemGenericAllocationHandle map_physical(device& dev, CUdeviceptr va, std::size_t bytes) {
   const auto& api = driver::api();
   CUmemGenericAllocationHandle handle = 0;
-  TAGMEM_CU(cuMemCreate, &handle, bytes, &dev.allocation_prop(), 0);
-  CUresult r = api.cuMemMap(va, bytes, 0, handle, 0);
+  CUresult r = api.cuMemCreate(&handle, bytes, &dev.allocation_prop(), 0);
+  if (r == CUDA_ERROR_OUT_OF_MEMORY && dev.releases().pending_bytes() != 0) {
+    dev.releases().drain();  // Note [background release]
+    r = api.cuMemCreate(&handle, bytes, &dev.allocation_prop(), 0);
+  }
+  driver::check(r, "cuMemCreate");
+  r = api.cuMemMap(va, bytes, 0, handle, 0);
   if (r != CUDA_SUCCESS) {
     api.cuMemRelease(handle);
     driver::throw_error(r, "cuMemMap");
@@ -30,11 +35,14 @@ CUmemGenericAllocationHandle map_physical(device& dev, CUdeviceptr va, std::size
   return handle;
 }
 
-void unmap_physical(CUdeviceptr va, std::size_t bytes, CUmemGenericAllocationHandle handle) {
-  TAGMEM_CU(cuMemUnmap, va, bytes);
-  // Unmapped but not released would leak device memory; a failure here is reported but the
-  // mapping is gone either way.
-  TAGMEM_CU(cuMemRelease, handle);
+void unmap_physical(device& dev, CUdeviceptr va, std::size_t bytes,
+                    CUmemGenericAllocationHandle handle) noexcept {
+  driver::api().cuMemUnmap(va, bytes);
+  if (driver::api().cuMemRelease(handle) == CUDA_SUCCESS) return;
+  try {
+    dev.releases().push(handle, bytes);  // tried again in the background and by every drain
+  } catch (...) {  // no memory even for that record: the handle leaks, nothing else is lost
+  }
 }
 
 vm_arena::vm_arena(device& dev, const config& cfg, tag* owner)
@@ -129,7 +137,7 @@ void vm_arena::map_new(CUdeviceptr va, std::size_t bytes) {
   mapped_bytes_ += bytes;
 }
 
-void vm_arena::unmap(CUdeviceptr va) {
+void vm_arena::unmap(CUdeviceptr va, bool in_background) {
   auto it = mappings_.find(va);
   TAGMEM_ASSERT(it != mappings_.end() && it->second.resident);
   mapping& m = it->second;
@@ -142,6 +150,13 @@ void vm_arena::unmap(CUdeviceptr va) {
   mapped_bytes_ -= m.size;
   CUmemGenericAllocationHandle h = m.handle;
   m.handle = 0;
+  if (in_background) {
+    try {
+      dev_.releases().push(h, m.size);
+      return;
+    } catch (...) {  // the thread cannot take it: release it here
+    }
+  }
   r = driver::api().cuMemRelease(h);
   if (r != CUDA_SUCCESS) {
     unreleased_.push_back(h);  // Note [release later]

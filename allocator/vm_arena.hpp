@@ -42,8 +42,9 @@ class vm_arena {
   void map_new(CUdeviceptr va, std::size_t bytes);
   // Unmaps and releases the resident mapping at `va`; the record stays, not resident. Throws
   // with nothing changed if cuMemUnmap fails. If only cuMemRelease fails, the mapping is gone
-  // (not resident) and the error is thrown; see Note [release later].
-  void unmap(CUdeviceptr va);
+  // (not resident) and the error is thrown; see Note [release later]. With `in_background`, the
+  // release is left to the device's release queue (Note [background release]).
+  void unmap(CUdeviceptr va, bool in_background = false);
   // Releases handles whose cuMemRelease failed earlier (Note [release later]); keeps those that
   // fail again.
   void release_unreleased() noexcept;
@@ -76,8 +77,14 @@ class vm_arena {
 };
 
 // The driver steps behind map_new()/unmap(), usable on their own by the offload engine.
-// map_physical creates, maps and grants access (rolling back on failure) and returns the handle.
+// map_physical creates, maps and grants access (rolling back on failure) and returns the handle;
+// when cuMemCreate runs out of memory while releases are pending it waits for them and tries
+// again (Note [background release]).
 CUmemGenericAllocationHandle map_physical(device& dev, CUdeviceptr va, std::size_t bytes);
-void unmap_physical(CUdeviceptr va, std::size_t bytes, CUmemGenericAllocationHandle handle);
+// Unmaps and releases, never throwing: a handle whose release fails goes to the device's release
+// queue to be tried again; if the unmap fails the handle is released anyway (the driver frees the
+// memory once nothing maps it) and the range stays mapped, so a later map there fails cleanly.
+void unmap_physical(device& dev, CUdeviceptr va, std::size_t bytes,
+                    CUmemGenericAllocationHandle handle) noexcept;
 
 }  // namespace tagmem

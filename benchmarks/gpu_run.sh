@@ -10,7 +10,8 @@
 #   3. tagmem_bench_offload       raw link, weights (+pre-pinned), many small, kv cache, swap
 #                                 (roomy and memory-tight): the issue-3 table
 #   4. chunking sweeps            tagmem_bench_offload again with TAGMEM_COPY_PIECE_BYTES,
-#                                 TAGMEM_MAX_MAPPING_BYTES and TAGMEM_CHUNK_BYTES varied
+#                                 TAGMEM_MAX_MAPPING_BYTES, TAGMEM_DISCARD_MAPPING_BYTES and
+#                                 TAGMEM_CHUNK_BYTES varied
 #   5. tagmem_bench_random_allocations   issue 2 item 10: cuMemAllocAsync vs tagmem with mimalloc
 #                                 or system metadata
 #
@@ -78,6 +79,9 @@ fi
 if wanted vmm; then
   run vmm "$bench/tagmem_bench_vmm" --bytes="$vmm_bytes" --sizes=2M,20M,64M,512M,1G,4G \
     --threads=4 --tsv="$out/vmm.tsv"
+  # The kv-cache size (60 GiB) in large chunks: what a DISCARD reload and release cost.
+  run vmm_kv "$bench/tagmem_bench_vmm" --bytes="$(mib 61440 512)" --sizes=1G,4G,15G,30G,60G \
+    --threads=4 --tsv="$out/vmm_kv.tsv"
 fi
 
 link=""
@@ -95,7 +99,8 @@ if wanted sweeps; then
       --scenarios="$3" "${linkarg[@]}" --tsv="$out/sweep_$1.tsv"
   }
   for p in 16M 256M; do sweep "piece_$p" TAGMEM_COPY_PIECE_BYTES=$p weights_prepinned; done
-  for m in 256M 4G; do sweep "maxmap_$m" TAGMEM_MAX_MAPPING_BYTES=$m weights_prepinned,kv; done
+  for m in 256M 4G; do sweep "maxmap_$m" TAGMEM_MAX_MAPPING_BYTES=$m weights_prepinned; done
+  for m in 1G 4G 64G; do sweep "discard_map_$m" TAGMEM_DISCARD_MAPPING_BYTES=$m kv; done
   for c in 8M 32M; do sweep "chunk_$c" TAGMEM_CHUNK_BYTES=$c many_small; done
   sweep pin_host_alloc TAGMEM_HOST_PIN=host_alloc weights
 fi
@@ -131,6 +136,7 @@ for f in "$out"/sweep_*.tsv; do
 done
 show_tsv "pinning $pin_bytes (time to pin; copy rates into the pinned memory)" "$out/pinning.tsv"
 show_tsv "vmm costs over $vmm_bytes" "$out/vmm.tsv" 'us per chunk|ms all|one |threads'
+show_tsv "vmm costs over 60 GiB" "$out/vmm_kv.tsv" 'us per chunk|ms all|one |threads|never'
 if [[ -f "$out/random_allocations.json" ]]; then
   echo
   echo "--- random_allocations (ms per sequence, real time; lower is better)"

@@ -1,7 +1,8 @@
 // vmm_bench.cpp — what one physical mapping costs, by size: cuMemCreate, cuMemMap,
 // cuMemSetAccess, cuMemUnmap, cuMemRelease per chunk, for chunk sizes from 2 MiB up to the
 // total. Decides chunk_bytes and max_mapping_bytes (Note [reload coalescing]) and whether
-// unmapping on several threads pays. Also probes two driver behaviours tagmem could use: one
+// unmapping or mapping on several threads pays, and whether releasing costs the same when the
+// memory was never mapped. Also probes two driver behaviours tagmem could use: one
 // cuMemSetAccess over many adjacent mappings, and one cuMemUnmap over many.
 //
 //   tagmem_bench_vmm [--bytes=8G] [--sizes=2M,20M,64M,512M,1G,4G] [--threads=4] [--tsv=vmm.tsv]
@@ -116,6 +117,25 @@ int main(int argc, char** argv) {
         }
         for (auto& th : pool) th.join();
       });
+      // Pass 4: the map side spread over threads (create+map+access of whole chunks).
+      double t_map_threads = timed([&] {
+        std::vector<std::thread> pool;
+        for (unsigned t = 0; t < threads; ++t) {
+          pool.emplace_back([&, t] {
+            for (std::size_t i = t; i < c.count; i += threads) {
+              cu().cuMemCreate(&c.h[i], chunk, &prop, 0);
+              cu().cuMemMap(c.va + i * chunk, chunk, 0, c.h[i], 0);
+              cu().cuMemSetAccess(c.va + i * chunk, chunk, &access, 1);
+            }
+          });
+        }
+        for (auto& th : pool) th.join();
+      });
+      unmap();
+      release();
+      // Pass 5: create then release, never mapped: is the release cost the driver scrubbing the
+      // memory it gets back (linear in bytes whatever happened to it)?
+      double t_create_unmapped = timed(create), t_release_unmapped = timed(release);
       BENCH_CU(cuMemAddressFree, c.va, span);
       auto us = [&](double s) { return fixed(s / c.count * 1e6, 1); };
       std::string label =
@@ -133,6 +153,11 @@ int main(int argc, char** argv) {
                                         : "refused: " + tagmem::driver::describe(unmap_one));
       out.add(label, "ms unmap+release: 1 thread / " + std::to_string(threads) + " threads",
               fixed((t_unmap + t_release) * 1e3, 2) + " / " + fixed(t_unmap_threads * 1e3, 2));
+      out.add(
+          label, "ms map side: 1 thread / " + std::to_string(threads) + " threads",
+          fixed((t_create + t_map + t_access) * 1e3, 2) + " / " + fixed(t_map_threads * 1e3, 2));
+      out.add(label, "us per chunk never mapped: create / release",
+              us(t_create_unmapped) + " / " + us(t_release_unmapped));
       std::printf("[vmm] %s done\n", label.c_str());
       std::fflush(stdout);
     }

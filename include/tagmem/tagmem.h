@@ -103,6 +103,7 @@ typedef struct tagmem_device_stats {
   size_t host_pinned_high_water; /* its largest size so far */
   size_t host_used_bytes;        /* of the store, bytes holding backups now (all devices) */
   uint64_t tags;                 /* tags that exist on the device */
+  size_t release_pending_bytes;  /* offloaded with DISCARD, not yet back with the driver */
 } tagmem_device_stats;
 
 /* ---- lifetime and errors ------------------------------------------------------------------- */
@@ -171,6 +172,11 @@ TAGMEM_API tagmem_status tagmem_pointer_info(const void* ptr, char* tag, size_t 
 /* Offloads the listed tags of `device`: waits for all work queued on the device, copies each
  * tag's mapped bytes to the pinned host store (BACKUP) or not (DISCARD), then unmaps and releases
  * the physical memory. Virtual addresses stay reserved; touching them faults until reload.
+ * DISCARD leaves the release itself to a background thread (the driver scrubs what it gets
+ * back, ~0.5 ms per GiB): the memory reaches the driver shortly after the call returns. tagmem's
+ * own allocations and reloads wait for it when they need it; before another process or
+ * allocator takes the memory, call tagmem_wait_released(). TAGMEM_DISCARD_RELEASE=wait makes
+ * DISCARD release before returning.
  * The list is checked first (unknown tag, already offloaded, duplicates): on such an error no tag
  * is changed. A failure while copying leaves every tag resident with its bytes intact.
  * Errors: INVALID_ARGUMENT, UNKNOWN_TAG, TAG_OFFLOADED, HOST_OUT_OF_MEMORY, DRIVER. */
@@ -192,8 +198,15 @@ TAGMEM_API tagmem_status tagmem_swap(const char* const* out_tags, size_t out_cou
                                      tagmem_offload_mode mode);
 
 /* Returns to the driver the physical memory of resident tags' segments that hold no live
- * allocation (all tags of `device`). Offloaded tags are left alone. */
+ * allocation (all tags of `device`), and waits for pending releases as tagmem_wait_released
+ * does. Offloaded tags are left alone. */
 TAGMEM_API tagmem_status tagmem_empty_cache(int device);
+
+/* Waits until the physical memory of `device` that DISCARD offloads gave up is back with the
+ * driver (see tagmem_offload), so that other allocators and processes can have it. Returns at
+ * once when nothing is pending. Errors: DRIVER if a release failed (it is tried again by the next
+ * call; the memory stays counted in release_pending_bytes). Thread-safe. */
+TAGMEM_API tagmem_status tagmem_wait_released(int device);
 
 /* ---- pinned host store ----------------------------------------------------------------------- */
 

@@ -85,6 +85,9 @@ inline void swap(const std::vector<std::string>& out, const std::vector<std::str
   check(tagmem_swap(o.data(), o.size(), i.data(), i.size(), device, mode));
 }
 inline void empty_cache(int device = TAGMEM_CURRENT_DEVICE) { check(tagmem_empty_cache(device)); }
+inline void wait_released(int device = TAGMEM_CURRENT_DEVICE) {
+  check(tagmem_wait_released(device));
+}
 
 inline tagmem_tag_stats tag_stats(const std::string& tag, int device = TAGMEM_CURRENT_DEVICE) {
   tagmem_tag_stats s{};

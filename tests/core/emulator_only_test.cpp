@@ -47,6 +47,7 @@ TEST_F(EmulatorOnly, ProcessMemoryFallsAfterOffloadAndReturnsAfterReload) {
   const char* tags[] = {"rss"};
   std::size_t rss_resident = rss_bytes();
   TAGMEM_OK(tagmem_offload(tags, 1, 0, TAGMEM_DISCARD));
+  TAGMEM_OK(tagmem_wait_released(0));  // DISCARD releases in the background
   std::size_t rss_offloaded = rss_bytes();
   EXPECT_LT(rss_offloaded + (200u << 20), rss_resident)
       << "discarding 256 MiB should give it back to the OS";

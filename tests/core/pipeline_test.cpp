@@ -4,8 +4,6 @@
 // resident; a swap whose in-tags fit only once the out-tags are gone succeeds; a swap whose
 // in-tag cannot fit still offloads; copies do not grow with the number of allocations; the host
 // store pins in the background and trims. Excluded from the GPU run by suite name (Emulator*).
-#include <dlfcn.h>
-
 #include <chrono>
 #include <cstdlib>
 #include <thread>
@@ -14,28 +12,6 @@
 
 namespace tagmem::test {
 namespace {
-
-struct emu_extra {
-  int (*set_device_bytes)(int, std::uint64_t) = nullptr;
-  std::uint64_t (*device_bytes)(int) = nullptr;
-  void (*set_copy_rate)(std::uint64_t) = nullptr;
-};
-
-const emu_extra& extra() {
-  static emu_extra e = [] {
-    emu_extra out;
-    void* h = dlopen(std::getenv("TAGMEM_LIBCUDA"), RTLD_NOW | RTLD_NOLOAD);
-    if (!h) return out;
-    out.set_device_bytes =
-        reinterpret_cast<decltype(out.set_device_bytes)>(dlsym(h, "tagmem_emu_set_device_bytes"));
-    out.device_bytes =
-        reinterpret_cast<decltype(out.device_bytes)>(dlsym(h, "tagmem_emu_device_bytes"));
-    out.set_copy_rate = reinterpret_cast<decltype(out.set_copy_rate)>(
-        dlsym(h, "tagmem_emu_set_copy_bytes_per_second"));
-    return out;
-  }();
-  return e;
-}
 
 // tagmem with 1 MiB copies, so that small tags still make many pieces; restores the emulator.
 class EmulatorPipeline : public ::testing::Test {
@@ -46,14 +22,14 @@ class EmulatorPipeline : public ::testing::Test {
     tagmem_config_init(&cfg);
     cfg.copy_piece_bytes = 1u << 20;
     ASSERT_EQ(tagmem_init(&cfg), TAGMEM_SUCCESS) << tagmem_last_error();
-    ASSERT_TRUE(emulator().fail_call && emulator().call_count && extra().set_device_bytes &&
-                extra().set_copy_rate);
-    device_bytes_ = extra().device_bytes(0);
+    ASSERT_TRUE(emulator().fail_call && emulator().call_count && emulator().set_device_bytes &&
+                emulator().set_copy_rate);
+    device_bytes_ = emulator().device_bytes(0);
   }
   void TearDown() override {
     emulator().clear_faults();
-    extra().set_copy_rate(0);
-    extra().set_device_bytes(0, device_bytes_);
+    emulator().set_copy_rate(0);
+    emulator().set_device_bytes(0, device_bytes_);
     EXPECT_EQ(tagmem_shutdown(), TAGMEM_SUCCESS) << tagmem_last_error();
   }
 
@@ -111,12 +87,12 @@ TEST_F(EmulatorPipeline, CopyQueueFailureLeavesEveryTagResident) {
 TEST_F(EmulatorPipeline, CopyFailureAfterUnmappingBeganRestoresTheTags) {
   auto a = fill("a", 24, 1 << 20);  // 12 chunks of 2 MiB, 24 one-MiB copies
   auto b = fill("b", 4, 4 << 20);
-  extra().set_copy_rate(200u << 20);  // ~5 ms per copy: the loop waits on events
+  emulator().set_copy_rate(200u << 20);  // ~5 ms per copy: the loop waits on events
   std::uint64_t unmaps = emulator().call_count("cuMemUnmap");
   emulator().fail_call("cuEventSynchronize", 8, CUDA_ERROR_LAUNCH_FAILED);
   const char* tags[] = {"a", "b"};
   TAGMEM_FAILS_WITH(tagmem_offload(tags, 2, 0, TAGMEM_BACKUP), TAGMEM_ERROR_DRIVER);
-  extra().set_copy_rate(0);
+  emulator().set_copy_rate(0);
   ASSERT_GT(emulator().call_count("cuMemUnmap"), unmaps) << "unmapping had not begun";
   EXPECT_EQ(stats("a").state, TAGMEM_RESIDENT);
   EXPECT_EQ(stats("b").state, TAGMEM_RESIDENT);
@@ -139,9 +115,9 @@ TEST_F(EmulatorPipeline, SwapSucceedsWhenInTagsFitOnlyAfterOutTagsLeave) {
   // Shrink the device so that the engine fits only once most of the trainer side is gone.
   std::size_t used = stats("trainer").mapped_bytes + stats("optimizer").mapped_bytes;
   ASSERT_GT(engine_bytes, 20u << 20);
-  ASSERT_EQ(extra().set_device_bytes(0, used + (20u << 20)), 0);
+  ASSERT_EQ(emulator().set_device_bytes(0, used + (20u << 20)), 0);
   const char* trainer_tags[] = {"trainer", "optimizer"};
-  extra().set_copy_rate(400u << 20);
+  emulator().set_copy_rate(400u << 20);
   for (int cycle = 0; cycle < 3; ++cycle) {
     TAGMEM_OK(tagmem_swap(trainer_tags, 2, engine_tag, 1, 0, TAGMEM_BACKUP));
     EXPECT_EQ(stats("engine").state, TAGMEM_RESIDENT);
@@ -158,7 +134,7 @@ TEST_F(EmulatorPipeline, SwapWhoseInTagCannotFitStillOffloads) {
   TAGMEM_OK(tagmem_offload(big_tag, 1, 0, TAGMEM_BACKUP));
   auto small = fill("small", 8, 1 << 20);
   std::size_t used = stats("small").mapped_bytes;
-  ASSERT_EQ(extra().set_device_bytes(0, used + (8u << 20)), 0);
+  ASSERT_EQ(emulator().set_device_bytes(0, used + (8u << 20)), 0);
   const char* small_tag[] = {"small"};
   TAGMEM_FAILS_WITH(tagmem_swap(small_tag, 1, big_tag, 1, 0, TAGMEM_BACKUP),
                     TAGMEM_ERROR_OUT_OF_MEMORY);
@@ -166,7 +142,7 @@ TEST_F(EmulatorPipeline, SwapWhoseInTagCannotFitStillOffloads) {
   EXPECT_EQ(stats("big").state, TAGMEM_OFFLOADED_BACKUP);
   EXPECT_EQ(stats("big").mapped_bytes, 0u);
   EXPECT_EQ(stats("big").host_bytes, 64u << 20) << "the backup must stay intact";
-  ASSERT_EQ(extra().set_device_bytes(0, device_bytes_), 0);
+  ASSERT_EQ(emulator().set_device_bytes(0, device_bytes_), 0);
   TAGMEM_OK(tagmem_reload(big_tag, 1, 0));
   TAGMEM_OK(tagmem_reload(small_tag, 1, 0));
   EXPECT_EQ(corrupted(big) + corrupted(small), 0u);

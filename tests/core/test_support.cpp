@@ -101,6 +101,12 @@ const emulator_controls& emulator() {
     out.clear_faults =
         reinterpret_cast<decltype(out.clear_faults)>(dlsym(h, "tagmem_emu_clear_faults"));
     out.call_count = reinterpret_cast<decltype(out.call_count)>(dlsym(h, "tagmem_emu_call_count"));
+    out.set_device_bytes =
+        reinterpret_cast<decltype(out.set_device_bytes)>(dlsym(h, "tagmem_emu_set_device_bytes"));
+    out.device_bytes =
+        reinterpret_cast<decltype(out.device_bytes)>(dlsym(h, "tagmem_emu_device_bytes"));
+    out.set_copy_rate = reinterpret_cast<decltype(out.set_copy_rate)>(
+        dlsym(h, "tagmem_emu_set_copy_bytes_per_second"));
     return out;
   }();
   return c;

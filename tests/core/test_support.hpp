@@ -66,6 +66,9 @@ struct emulator_controls {
   int (*fail_call)(const char* entry, std::uint64_t nth, CUresult error);
   void (*clear_faults)();
   std::uint64_t (*call_count)(const char* entry);
+  int (*set_device_bytes)(int device, std::uint64_t bytes);  // what cuMemCreate may hand out
+  std::uint64_t (*device_bytes)(int device);
+  void (*set_copy_rate)(std::uint64_t bytes_per_second);  // 0: as fast as memcpy
 };
 const emulator_controls& emulator();
 

@@ -87,6 +87,9 @@ class FaultSweep : public ::testing::Test {
     // cuMemHostRegister is part of the sweep.
     setenv("TAGMEM_HOST_SLAB_BYTES", "2M", 1);
     setenv("TAGMEM_METADATA", "system", 0);
+    // The N-th driver call must be the same call in every run: releases stay on this thread
+    // (the background release has its own test in tests/core).
+    setenv("TAGMEM_DISCARD_RELEASE", "wait", 1);
   }
   static void TearDownTestSuite() {
     std::printf(

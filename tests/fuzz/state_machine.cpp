@@ -973,6 +973,10 @@ bool prepare(std::string* why) {
   // tagmem's records lets AddressSanitizer see them (mimalloc would hide them).
   setenv("TAGMEM_HOST_SLAB_BYTES", "2M", 0);
   setenv("TAGMEM_METADATA", "system", 0);
+  // Every driver call on this thread, so that an input injects its faults into the same calls on
+  // every replay, and device memory equals the model's after each step (the background release
+  // of DISCARD offloads has its own tests in tests/core/release_test.cpp).
+  setenv("TAGMEM_DISCARD_RELEASE", "wait", 1);
   const auto& emu = reliability::emu();
   if (!emu.available || emu.device_count() < kDevices) {
     *why = "TAGMEM_LIBCUDA must name libtagmem_emu.so with at least 2 devices";

@@ -99,6 +99,8 @@ def test_discard_releases_memory_and_reload_gives_writable_memory(io, rng):
     tagmem.offload(["kv"], mode="discard")
     assert tagmem.state("kv") == "offloaded_discard"
     assert tagmem.stats("kv")["host_bytes"] == 0
+    tagmem.wait_released()  # DISCARD releases in the background
+    assert tagmem.stats()["release_pending_bytes"] == 0
     assert io.free_bytes() >= free_before + 5 * MiB - NOISE
     tagmem.reload("kv")
     fresh = fill(io, rng, p, 5 * MiB)

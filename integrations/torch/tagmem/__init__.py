@@ -36,6 +36,7 @@ from ._api import (
     swap,
     tag,
     tags,
+    wait_released,
 )
 from ._errors import (
     DriverError,
@@ -95,4 +96,5 @@ __all__ = [
     "swap",
     "tag",
     "tags",
+    "wait_released",
 ]

@@ -103,7 +103,8 @@ def offload(tags, mode=BACKUP, device=None):
     BACKUP copies the bytes to pinned host memory first; DISCARD drops them. Addresses stay
     reserved, so every pointer (tensor, view, CUDA graph) stays valid for the reload; touching the
     memory before the reload faults. The list is checked first: on UnknownTagError,
-    TagOffloadedError or a duplicate no tag is changed.
+    TagOffloadedError or a duplicate no tag is changed. DISCARD hands the memory back to the driver
+    in the background: call wait_released() before another process or allocator needs it.
     """
     names, count = _names(tags)
     _errors.check(_lib.lib().tagmem_offload(names, count, _device(device), _mode(mode)))
@@ -170,6 +171,12 @@ def empty_cache(device=None):
     """Returns to the driver the physical memory of resident tags' segments that hold no live
     allocation. Offloaded tags are left alone."""
     _errors.check(_lib.lib().tagmem_empty_cache(_device(device)))
+
+
+def wait_released(device=None):
+    """Waits until the device memory DISCARD offloads gave up is back with the driver (tagmem's
+    own allocations wait for it by themselves; other allocators and processes do not)."""
+    _errors.check(_lib.lib().tagmem_wait_released(_device(device)))
 
 
 def host_reserve(nbytes, wait=False):

@@ -75,6 +75,7 @@ class DeviceStats(ctypes.Structure):
         ("host_pinned_high_water", _SIZE),
         ("host_used_bytes", _SIZE),
         ("tags", _U64),
+        ("release_pending_bytes", _SIZE),
     ]
 
 
@@ -111,6 +112,7 @@ _PROTOTYPES = {
     "tagmem_reload": (_STATUS, [_NAMES, _SIZE, ctypes.c_int]),
     "tagmem_swap": (_STATUS, [_NAMES, _SIZE, _NAMES, _SIZE, ctypes.c_int, ctypes.c_int]),
     "tagmem_empty_cache": (_STATUS, [ctypes.c_int]),
+    "tagmem_wait_released": (_STATUS, [ctypes.c_int]),
     "tagmem_host_reserve": (_STATUS, [_SIZE, ctypes.c_int]),
     "tagmem_host_trim": (_STATUS, [_SIZE]),
     "tagmem_tag_stats_get": (_STATUS, [ctypes.c_char_p, ctypes.c_int, ctypes.POINTER(TagStats)]),

@@ -48,10 +48,13 @@ class TorchMemorySaver:
             yield
 
     def pause(self, tag=None):
-        """Releases the device memory of `tag` (None: of every region tag still resident)."""
+        """Releases the device memory of `tag` (None: of every region tag still resident). As in
+        torch_memory_saver, the memory is back with the driver when this returns (another
+        process may take it at once), so it waits for tagmem's background release."""
         device = _tt.device_index()
         for name in self._select(tag, "resident", device):
             _tt.offload(name, _tt.BACKUP if self._backup[name] else _tt.DISCARD, device)
+        _api.wait_released(device)
 
     def resume(self, tag=None):
         """Maps `tag` again at its old addresses (None: every paused region tag)."""

@@ -39,6 +39,7 @@ def sleep(level=1, weights_tags=(WEIGHTS,), discard_tags=(KV_CACHE,), device=Non
         _tt.offload(keep, _tt.BACKUP if level == 1 else _tt.DISCARD, d)
     if drop:
         _tt.offload(drop, _tt.DISCARD, d)
+    _api.wait_released(d)  # as in vLLM, the memory is free for others once sleep returns
 
 
 def wake_up(tags=None, device=None):
@@ -93,6 +94,7 @@ class CuMemAllocator:
             _tt.offload(keep, _tt.BACKUP, d)
         if drop:
             _tt.offload(drop, _tt.DISCARD, d)
+        _api.wait_released(d)  # as in vLLM, the memory is free for others once sleep returns
 
     def wake_up(self, tags=None):
         """Reloads `tags` (default: this allocator's offloaded tags)."""

@@ -1,0 +1,188 @@
+// release_test.cpp — DISCARD offloads release physical memory in the background (Note
+// [background release]): tagmem_wait_released hands it all back, an allocation that needs it
+// waits for it instead of failing, a release that fails is reported and retried, and
+// TAGMEM_DISCARD_RELEASE=wait releases before the offload returns. The Release suite runs on both
+// drivers; EmulatorRelease uses fault injection and the emulated device size.
+#include <algorithm>
+#include <cstdlib>
+
+#include "test_support.hpp"
+
+namespace tagmem::test {
+namespace {
+
+using Release = tagmem_test;
+
+std::size_t pending_bytes() {
+  tagmem_device_stats ds{};
+  EXPECT_EQ(tagmem_device_stats_get(0, &ds), TAGMEM_SUCCESS) << tagmem_last_error();
+  return ds.release_pending_bytes;
+}
+
+std::size_t mapped_bytes(const char* tag) {
+  tagmem_tag_stats s{};
+  EXPECT_EQ(tagmem_tag_stats_get(tag, 0, &s), TAGMEM_SUCCESS) << tagmem_last_error();
+  return s.mapped_bytes;
+}
+
+// One allocation of `bytes` in `tag` whose first and last MiB (all of it when smaller) are
+// written with random bytes and read back: the memory is really there and usable.
+void* allocate_filled(std::mt19937_64& rng, const char* tag, std::size_t bytes) {
+  void* p = nullptr;
+  EXPECT_EQ(tagmem_malloc_tagged(&p, bytes, tag, 0, nullptr), TAGMEM_SUCCESS)
+      << tag << ": " << tagmem_last_error();
+  if (!p) return nullptr;
+  const std::size_t window = std::min<std::size_t>(bytes, 1u << 20);
+  for (std::size_t at : {std::size_t{0}, bytes - window}) {
+    auto data = random_bytes(rng, window);
+    void* q = static_cast<char*>(p) + at;
+    write_device(q, data.data(), window);
+    EXPECT_EQ(read_device(q, window), data) << tag << " at " << at;
+  }
+  return p;
+}
+
+TEST_F(Release, WaitReleasedGivesBackEveryDiscardedByte) {
+  auto rng = rng_for_test();
+  std::vector<void*> kv;
+  for (int i = 0; i < 8; ++i) kv.push_back(allocate_filled(rng, "kv_cache", 64u << 20));
+  const std::size_t mapped = mapped_bytes("kv_cache");
+  TAGMEM_OK(tagmem_wait_released(0));  // nothing pending: returns at once
+  const std::size_t free_before = device_free_bytes();
+  const char* tags[] = {"kv_cache"};
+  TAGMEM_OK(tagmem_offload(tags, 1, 0, TAGMEM_DISCARD));
+  EXPECT_EQ(mapped_bytes("kv_cache"), 0u);
+  EXPECT_LE(pending_bytes(), mapped);
+  TAGMEM_OK(tagmem_wait_released(0));
+  EXPECT_EQ(pending_bytes(), 0u);
+  EXPECT_GE(device_free_bytes(), free_before + mapped);
+  TAGMEM_OK(tagmem_reload(tags, 1, 0));
+  for (void* p : kv) {  // usable again at the same addresses
+    auto data = random_bytes(rng, 64u << 20);
+    write_device(p, data.data(), data.size());
+    EXPECT_EQ(read_device(p, data.size()), data);
+    TAGMEM_OK(tagmem_free(p, nullptr));
+  }
+}
+
+// Most of the device in one tag, discarded, then the same amount asked for by another tag at
+// once: the allocation must get the memory the background thread is still handing back.
+TEST_F(Release, AllocationRightAfterADiscardGetsItsMemory) {
+  auto rng = rng_for_test();
+  std::size_t limit = 0;
+  if (using_emulator()) {
+    limit = emulator().device_bytes(0);
+    const std::size_t used = limit - device_free_bytes();
+    ASSERT_EQ(emulator().set_device_bytes(0, used + (160u << 20)), 0);
+  }
+  const std::size_t chunk = 2u << 20;
+  const std::size_t bytes = device_free_bytes() / 10 * 7 / chunk * chunk;
+  void* big = allocate_filled(rng, "engine_kv", bytes);
+  ASSERT_NE(big, nullptr);
+  const char* tags[] = {"engine_kv"};
+  for (int round = 0; round < 3; ++round) {
+    TAGMEM_OK(tagmem_offload(tags, 1, 0, TAGMEM_DISCARD));
+    void* other = allocate_filled(rng, "trainer", bytes);  // only fits once released
+    ASSERT_NE(other, nullptr) << "round " << round;
+    TAGMEM_OK(tagmem_free(other, nullptr));
+    TAGMEM_OK(tagmem_empty_cache(0));
+    TAGMEM_OK(tagmem_reload(tags, 1, 0));
+  }
+  TAGMEM_OK(tagmem_free(big, nullptr));
+  if (limit) {
+    ASSERT_EQ(emulator().set_device_bytes(0, limit), 0);
+  }
+}
+
+class EmulatorRelease : public tagmem_test {
+ protected:
+  void SetUp() override {
+    ASSERT_TRUE(using_emulator()) << "Emulator* suites need TAGMEM_LIBCUDA=libtagmem_emu.so";
+    tagmem_test::SetUp();
+    limit_ = emulator().device_bytes(0);
+  }
+  void TearDown() override {
+    emulator().set_device_bytes(0, limit_);
+    tagmem_test::TearDown();
+  }
+  std::size_t limit_ = 0;
+};
+
+TEST_F(EmulatorRelease, FailedReleaseIsReportedAndRetried) {
+  auto rng = rng_for_test();
+  std::vector<void*> kv;
+  for (int i = 0; i < 4; ++i) kv.push_back(allocate_filled(rng, "kv_cache", 32u << 20));
+  tagmem_tag_stats resident{};
+  TAGMEM_OK(tagmem_tag_stats_get("kv_cache", 0, &resident));
+  ASSERT_EQ(resident.mappings, 4u) << "each 32 MiB allocation has a segment of its own";
+  // Calls 1 to 4 release the four mappings (on the release thread, or in the wait if it comes
+  // first); the first fails. The wait tries each failed handle up to twice: in the first order,
+  // call 5 retries that one and fails, and call 6 fails again; in the second, call 2 succeeds at
+  // once, and calls 5 and 6 fail the fourth mapping. Either way one mapping is left.
+  const std::uint64_t releases = emulator().call_count("cuMemRelease");
+  for (std::uint64_t nth : {1, 5, 6}) {
+    ASSERT_EQ(emulator().fail_call("cuMemRelease", nth, CUDA_ERROR_UNKNOWN), 0);
+  }
+  const char* tags[] = {"kv_cache"};
+  TAGMEM_OK(tagmem_offload(tags, 1, 0, TAGMEM_DISCARD));  // unmapped: the offload succeeded
+  TAGMEM_FAILS_WITH(tagmem_wait_released(0), TAGMEM_ERROR_DRIVER);
+  EXPECT_NE(std::string(tagmem_last_error()).find("cuMemRelease"), std::string::npos)
+      << tagmem_last_error();
+  EXPECT_EQ(pending_bytes(), resident.mapped_bytes / 4) << "one of four mappings is still held";
+  TAGMEM_OK(tagmem_wait_released(0));  // the retry succeeds
+  EXPECT_EQ(pending_bytes(), 0u);
+  EXPECT_EQ(emulator().call_count("cuMemRelease"), releases + 7);
+  TAGMEM_OK(tagmem_reload(tags, 1, 0));
+  for (void* p : kv) TAGMEM_OK(tagmem_free(p, nullptr));
+}
+
+TEST_F(EmulatorRelease, AllocationWaitsForAReleaseThatFailedOnce) {
+  auto rng = rng_for_test();
+  const std::size_t used = limit_ - device_free_bytes();
+  ASSERT_EQ(emulator().set_device_bytes(0, used + (64u << 20)), 0);
+  void* kv = allocate_filled(rng, "kv_cache", 48u << 20);
+  ASSERT_EQ(emulator().fail_call("cuMemRelease", 1, CUDA_ERROR_UNKNOWN), 0);
+  const char* tags[] = {"kv_cache"};
+  TAGMEM_OK(tagmem_offload(tags, 1, 0, TAGMEM_DISCARD));
+  // Still held: the first release attempt fails (on the release thread, or in the allocation's
+  // wait); the allocation runs out of memory, waits for the queue, whose retry succeeds, and
+  // tries again.
+  void* other = allocate_filled(rng, "trainer", 48u << 20);
+  ASSERT_NE(other, nullptr);
+  EXPECT_EQ(pending_bytes(), 0u);
+  TAGMEM_OK(tagmem_free(other, nullptr));
+  TAGMEM_OK(tagmem_empty_cache(0));
+  TAGMEM_OK(tagmem_reload(tags, 1, 0));
+  TAGMEM_OK(tagmem_free(kv, nullptr));
+}
+
+// Shuts tagmem down and initialises it again with TAGMEM_DISCARD_RELEASE=`value`.
+tagmem_status restart_with_release_setting(const char* value) {
+  EXPECT_EQ(tagmem_shutdown(), TAGMEM_SUCCESS) << tagmem_last_error();
+  setenv("TAGMEM_DISCARD_RELEASE", value, 1);
+  tagmem_status init = tagmem_init(nullptr);
+  unsetenv("TAGMEM_DISCARD_RELEASE");
+  return init;
+}
+
+TEST_F(EmulatorRelease, WaitModeReleasesBeforeTheOffloadReturns) {
+  TAGMEM_OK(restart_with_release_setting("wait"));
+  auto rng = rng_for_test();
+  void* kv = allocate_filled(rng, "kv_cache", 32u << 20);
+  const std::uint64_t releases = emulator().call_count("cuMemRelease");
+  const char* tags[] = {"kv_cache"};
+  TAGMEM_OK(tagmem_offload(tags, 1, 0, TAGMEM_DISCARD));
+  EXPECT_EQ(emulator().call_count("cuMemRelease"), releases + 1);
+  EXPECT_EQ(pending_bytes(), 0u);
+  TAGMEM_OK(tagmem_reload(tags, 1, 0));
+  TAGMEM_OK(tagmem_free(kv, nullptr));
+}
+
+TEST_F(EmulatorRelease, BadSettingIsRejectedAtInit) {
+  EXPECT_EQ(restart_with_release_setting("later"), TAGMEM_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(tagmem_last_error()).find("TAGMEM_DISCARD_RELEASE"), std::string::npos);
+  TAGMEM_OK(tagmem_init(nullptr));  // for TearDown
+}
+
+}  // namespace
+}  // namespace tagmem::test
