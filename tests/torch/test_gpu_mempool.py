@@ -86,6 +86,8 @@ def test_discard_releases_memory_and_keeps_addresses():
     free_before = device_free_bytes()
     tt.offload("mp_discard", mode="discard")
     assert tt.stats("mp_discard")["host_bytes"] == 0
+    tt.wait_released()  # DISCARD hands the memory back on a background thread
+    assert tt.stats()["release_pending_bytes"] == 0
     assert device_free_bytes() >= free_before + 64 * MiB - NOISE
     tt.reload("mp_discard")
     kv.fill_(3.0)
@@ -178,6 +180,7 @@ def test_stats_bridging_memory_reserved_keeps_counting_an_offloaded_tag():
     allocated = torch.cuda.memory_allocated()
     free_before = device_free_bytes()
     tt.offload("mp_stats", mode="discard")
+    tt.wait_released()
     assert torch.cuda.memory_reserved() == reserved
     assert torch.cuda.memory_allocated() == allocated
     assert device_free_bytes() >= free_before + 128 * MiB - NOISE

@@ -45,6 +45,13 @@ def resident(*names, mode=BACKUP, device=None):
     return _api.resident(*names, mode=mode, device=device_index(device))
 
 
+def wait_released(device=None):
+    """tagmem.wait_released on `device` (default: the current CUDA device): returns once the
+    memory that DISCARD offloads gave up is back with the driver (for other processes, or for
+    PyTorch's own allocator)."""
+    _api.wait_released(device_index(device))
+
+
 def state(name, device=None):
     """tagmem.state on `device` (default: the current CUDA device)."""
     return _api.state(name, device_index(device))
@@ -84,4 +91,5 @@ __all__ = [
     "stats",
     "swap",
     "tag",
+    "wait_released",
 ]
