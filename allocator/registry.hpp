@@ -1,7 +1,8 @@
 // registry.hpp — the initialised library: configuration, devices, their tags, the host store.
 //
 // Lock order (never acquired in the other direction): registry::tags_mutex (shared) → tag
-// mutexes, taken in ascending address order when several are needed → host_store mutex.
+// mutexes, taken in ascending address order when several are needed → host_store mutex. A
+// device's release_queue mutex is a leaf: taken under any of these, it takes nothing else.
 // The registry's own mutexes are never held while a tag operation runs a driver call that can
 // block for long, except the brief shared lock that finds tags. Tags are created on first use
 // and destroyed only by the registry's destructor (tagmem_shutdown), so tag pointers found
