@@ -224,6 +224,7 @@ class runner {
   std::size_t next_window();
   CUstream stream_for(int device, std::uint8_t sel) const;
   std::uint64_t free_bytes(int device) const;
+  std::size_t reload_fits(int device, const std::vector<const char*>& names, std::uint64_t free);
   tagmem_tag_stats stats_of(int device, const std::string& name);
 
   void fail(const std::string& what);
@@ -277,6 +278,20 @@ CUstream runner::stream_for(int device, std::uint8_t sel) const {
 std::uint64_t runner::free_bytes(int device) const {
   std::uint64_t used = reliability::emu().device_used_bytes(device);
   return used >= m_.device_bytes[device] ? 0 : m_.device_bytes[device] - used;
+}
+
+// How many of `names` a reload on `device` maps from `free` bytes: each tag needs the bytes its
+// offload released, tags reload in list order, and the first that does not fit stops the call
+// with OUT_OF_MEMORY.
+std::size_t runner::reload_fits(int device, const std::vector<const char*>& names,
+                                std::uint64_t free) {
+  for (std::size_t i = 0; i < names.size(); ++i) {
+    const tag_model& t = *m_.find(device, names[i]);
+    const std::size_t need = t.mapped_at_offload - t.seen.mapped_bytes;
+    if (need > free) return i;
+    free -= need;
+  }
+  return names.size();
 }
 
 tagmem_tag_stats runner::stats_of(int device, const std::string& name) {
@@ -661,23 +676,9 @@ void runner::op_reload() {
   const device_arg dev = decode_device(in_.byte());
   status_set errs;
   list_errors(names, dev, want::offloaded, errs);
-  // Reload needs, per tag, the bytes its offload released; tags reload in list order and the
-  // first that does not fit stops the call with OUT_OF_MEMORY.
-  tagmem_status predicted = TAGMEM_SUCCESS;
   std::size_t fits = names.size();
-  if (errs.empty() && !names.empty()) {
-    std::uint64_t free = free_bytes(dev.index);
-    for (std::size_t i = 0; i < names.size(); ++i) {
-      const tag_model& t = *m_.find(dev.index, names[i]);
-      const std::size_t need = t.mapped_at_offload - t.seen.mapped_bytes;
-      if (need > free) {
-        predicted = TAGMEM_ERROR_OUT_OF_MEMORY;
-        fits = i;
-        break;
-      }
-      free -= need;
-    }
-  }
+  if (errs.empty() && !names.empty()) fits = reload_fits(dev.index, names, free_bytes(dev.index));
+  const tagmem_status predicted = fits < names.size() ? TAGMEM_ERROR_OUT_OF_MEMORY : TAGMEM_SUCCESS;
   std::map<std::string, tagmem_tag_stats> pre;
   if (errs.empty()) {
     for (const char* n : names) pre[n] = m_.find(dev.index, n)->seen;
@@ -708,26 +709,17 @@ void runner::op_swap() {
     }
   }
   std::map<std::string, tagmem_tag_stats> pre;
-  tagmem_status predicted = TAGMEM_SUCCESS;
   std::size_t fits = in.size();
   if (errs.empty()) {
-    std::uint64_t free = free_bytes(dev.index);
+    std::uint64_t free = free_bytes(dev.index);  // the in-side may use what the out-side releases
     for (const char* n : out) {
       pre[n] = m_.find(dev.index, n)->seen;
       free += pre[n].mapped_bytes;
     }
     for (const char* n : in) pre[n] = m_.find(dev.index, n)->seen;
-    for (std::size_t i = 0; i < in.size(); ++i) {
-      const tag_model& t = *m_.find(dev.index, in[i]);
-      const std::size_t need = t.mapped_at_offload - t.seen.mapped_bytes;
-      if (need > free) {
-        predicted = TAGMEM_ERROR_OUT_OF_MEMORY;
-        fits = i;
-        break;
-      }
-      free -= need;
-    }
+    fits = reload_fits(dev.index, in, free);
   }
+  const tagmem_status predicted = fits < in.size() ? TAGMEM_ERROR_OUT_OF_MEMORY : TAGMEM_SUCCESS;
   before_call();
   tagmem_status s = fuzz_swap(out.data(), out.size(), in.data(), in.size(), dev.value, mode);
   after_call();

@@ -33,6 +33,18 @@ F emu_fn(const char* name) {
   return f;
 }
 
+// Reserves an address range for b.handle, maps it there and lets `device` read and write it.
+void map_for_device(buffer& b, int device) {
+  const nccl_driver& d = nccl();
+  check(d.cuMemAddressReserve(&b.va, b.size, 0, 0, 0), "cuMemAddressReserve");
+  check(d.cuMemMap(b.va, b.size, 0, b.handle, 0), "cuMemMap");
+  CUmemAccessDesc access{};
+  access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  access.location.id = device;
+  access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  check(d.cuMemSetAccess(b.va, b.size, &access, 1), "cuMemSetAccess");
+}
+
 }  // namespace
 
 const nccl_driver& nccl() {
@@ -106,13 +118,7 @@ buffer create_buffer(int device, std::size_t size, bool exportable, bool host_lo
   b.size = size;
   b.how = host_located ? buffer::host_located : buffer::created;
   check(d.cuMemCreate(&b.handle, size, &prop, 0), "cuMemCreate");
-  check(d.cuMemAddressReserve(&b.va, size, 0, 0, 0), "cuMemAddressReserve");
-  check(d.cuMemMap(b.va, size, 0, b.handle, 0), "cuMemMap");
-  CUmemAccessDesc access{};
-  access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-  access.location.id = device;
-  access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-  check(d.cuMemSetAccess(b.va, size, &access, 1), "cuMemSetAccess");
+  map_for_device(b, device);
   return b;
 }
 
@@ -125,13 +131,7 @@ buffer import_buffer(int device, int fd, std::size_t size) {
                                          reinterpret_cast<void*>(static_cast<std::intptr_t>(fd)),
                                          CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR),
         "cuMemImportFromShareableHandle");
-  check(d.cuMemAddressReserve(&b.va, size, 0, 0, 0), "cuMemAddressReserve");
-  check(d.cuMemMap(b.va, size, 0, b.handle, 0), "cuMemMap");
-  CUmemAccessDesc access{};
-  access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-  access.location.id = device;
-  access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-  check(d.cuMemSetAccess(b.va, size, &access, 1), "cuMemSetAccess");
+  map_for_device(b, device);
   return b;
 }
 
