@@ -4,7 +4,6 @@
 // are named Emulator* and excluded from the GPU run.
 #include "host_store.hpp"
 
-#include <dlfcn.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -43,16 +42,6 @@ class scoped_env {
   std::optional<std::string> old_;
 };
 
-// Host bytes the emulated driver holds pinned (registered or allocated).
-std::uint64_t emulator_pinned_bytes() {
-  static auto* fn = [] {
-    void* h = dlopen(std::getenv("TAGMEM_LIBCUDA"), RTLD_NOW | RTLD_NOLOAD);
-    return h ? reinterpret_cast<std::uint64_t (*)()>(dlsym(h, "tagmem_emu_pinned_host_bytes"))
-             : nullptr;
-  }();
-  return fn ? fn() : ~std::uint64_t{0};
-}
-
 // The driver call that gives a range of this method back.
 const char* unpin_call(pin_method how) {
   return how == pin_method::host_alloc ? "cuMemFreeHost" : "cuMemHostUnregister";
@@ -70,7 +59,8 @@ class EmulatorHostStore : public tagmem_test, public ::testing::WithParamInterfa
   void SetUp() override {
     ASSERT_TRUE(using_emulator()) << "Emulator* suites need TAGMEM_LIBCUDA=libtagmem_emu.so";
     ASSERT_TRUE(emulator().fail_call && emulator().clear_faults);
-    ASSERT_EQ(emulator_pinned_bytes(), 0u) << "the emulator holds pinned memory before the test";
+    ASSERT_EQ(emulator().pinned_host_bytes(), 0u)
+        << "the emulator holds pinned memory before the test";
     tagmem_test::SetUp();
   }
 
@@ -90,7 +80,7 @@ class EmulatorHostStore : public tagmem_test, public ::testing::WithParamInterfa
 TEST_P(EmulatorHostStore, TrimKeepsSlabWhoseUnpinFailsAndReportsIt) {
   TAGMEM_OK(tagmem_host_reserve(4 * kSlab, 1));  // four slabs, pinned on four threads
   ASSERT_EQ(device_stats().host_pinned_bytes, 4 * kSlab);
-  ASSERT_EQ(emulator_pinned_bytes(), 4 * kSlab);
+  ASSERT_EQ(emulator().pinned_host_bytes(), 4 * kSlab);
 
   ASSERT_EQ(emulator().fail_call(unpin(), 2, CUDA_ERROR_UNKNOWN), 0);
   TAGMEM_FAILS_WITH(tagmem_host_trim(0), TAGMEM_ERROR_DRIVER);
@@ -99,7 +89,7 @@ TEST_P(EmulatorHostStore, TrimKeepsSlabWhoseUnpinFailsAndReportsIt) {
   // The three slabs unpinned fine are gone; the fourth is still pinned, and the store says so.
   tagmem_device_stats ds = device_stats();
   EXPECT_EQ(ds.host_pinned_bytes, kSlab);
-  EXPECT_EQ(emulator_pinned_bytes(), kSlab);
+  EXPECT_EQ(emulator().pinned_host_bytes(), kSlab);
   EXPECT_EQ(ds.host_pinned_high_water, 4 * kSlab);
   EXPECT_EQ(ds.host_used_bytes, 0u);
 
@@ -122,7 +112,7 @@ TEST_P(EmulatorHostStore, TrimKeepsSlabWhoseUnpinFailsAndReportsIt) {
   // Without the fault the same trim succeeds and gives everything back.
   TAGMEM_OK(tagmem_host_trim(0));
   EXPECT_EQ(device_stats().host_pinned_bytes, 0u);
-  EXPECT_EQ(emulator_pinned_bytes(), 0u);
+  EXPECT_EQ(emulator().pinned_host_bytes(), 0u);
 }
 
 TEST_P(EmulatorHostStore, TrimWhoseEveryUnpinFailsKeepsEverySlab) {
@@ -133,10 +123,10 @@ TEST_P(EmulatorHostStore, TrimWhoseEveryUnpinFailsKeepsEverySlab) {
   TAGMEM_FAILS_WITH(tagmem_host_trim(0), TAGMEM_ERROR_DRIVER);
   emulator().clear_faults();
   EXPECT_EQ(device_stats().host_pinned_bytes, 2 * kSlab);
-  EXPECT_EQ(emulator_pinned_bytes(), 2 * kSlab);
+  EXPECT_EQ(emulator().pinned_host_bytes(), 2 * kSlab);
   TAGMEM_OK(tagmem_host_trim(0));
   EXPECT_EQ(device_stats().host_pinned_bytes, 0u);
-  EXPECT_EQ(emulator_pinned_bytes(), 0u);
+  EXPECT_EQ(emulator().pinned_host_bytes(), 0u);
 }
 
 TEST_P(EmulatorHostStore, DestructorLeavesSlabItCannotUnpinMapped) {
@@ -156,13 +146,13 @@ TEST_P(EmulatorHostStore, DestructorLeavesSlabItCannotUnpinMapped) {
     ASSERT_EQ(emulator().fail_call(unpin(), 1, CUDA_ERROR_UNKNOWN), 0);
   }  // the destructor's unpin fails: it must neither throw nor unmap the slab
   emulator().clear_faults();
-  EXPECT_EQ(emulator_pinned_bytes(), kSlab);
+  EXPECT_EQ(emulator().pinned_host_bytes(), kSlab);
   ASSERT_TRUE(is_mapped(kept, kSlab)) << "a slab still registered with the driver was unmapped";
   EXPECT_EQ(kept[kSlab - 1], 0x5a);
   // Give it back by hand so that later tests start clean.
   pinned_range r{kept, kSlab};
   EXPECT_TRUE(unpin_range(r, GetParam(), ctx).ok());
-  EXPECT_EQ(emulator_pinned_bytes(), 0u);
+  EXPECT_EQ(emulator().pinned_host_bytes(), 0u);
   driver_api_for_tests().cuDevicePrimaryCtxRelease(dev);
 }
 

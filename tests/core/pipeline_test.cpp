@@ -23,12 +23,12 @@ class EmulatorPipeline : public ::testing::Test {
     cfg.copy_piece_bytes = 1u << 20;
     ASSERT_EQ(tagmem_init(&cfg), TAGMEM_SUCCESS) << tagmem_last_error();
     ASSERT_TRUE(emulator().fail_call && emulator().call_count && emulator().set_device_bytes &&
-                emulator().set_copy_rate);
+                emulator().set_copy_bytes_per_second);
     device_bytes_ = emulator().device_bytes(0);
   }
   void TearDown() override {
     emulator().clear_faults();
-    emulator().set_copy_rate(0);
+    emulator().set_copy_bytes_per_second(0);
     emulator().set_device_bytes(0, device_bytes_);
     EXPECT_EQ(tagmem_shutdown(), TAGMEM_SUCCESS) << tagmem_last_error();
   }
@@ -87,12 +87,12 @@ TEST_F(EmulatorPipeline, CopyQueueFailureLeavesEveryTagResident) {
 TEST_F(EmulatorPipeline, CopyFailureAfterUnmappingBeganRestoresTheTags) {
   auto a = fill("a", 24, 1 << 20);  // 12 chunks of 2 MiB, 24 one-MiB copies
   auto b = fill("b", 4, 4 << 20);
-  emulator().set_copy_rate(200u << 20);  // ~5 ms per copy: the loop waits on events
+  emulator().set_copy_bytes_per_second(200u << 20);  // ~5 ms per copy: the loop waits on events
   std::uint64_t unmaps = emulator().call_count("cuMemUnmap");
   emulator().fail_call("cuEventSynchronize", 8, CUDA_ERROR_LAUNCH_FAILED);
   const char* tags[] = {"a", "b"};
   TAGMEM_FAILS_WITH(tagmem_offload(tags, 2, 0, TAGMEM_BACKUP), TAGMEM_ERROR_DRIVER);
-  emulator().set_copy_rate(0);
+  emulator().set_copy_bytes_per_second(0);
   ASSERT_GT(emulator().call_count("cuMemUnmap"), unmaps) << "unmapping had not begun";
   EXPECT_EQ(stats("a").state, TAGMEM_RESIDENT);
   EXPECT_EQ(stats("b").state, TAGMEM_RESIDENT);
@@ -117,7 +117,7 @@ TEST_F(EmulatorPipeline, SwapSucceedsWhenInTagsFitOnlyAfterOutTagsLeave) {
   ASSERT_GT(engine_bytes, 20u << 20);
   ASSERT_EQ(emulator().set_device_bytes(0, used + (20u << 20)), 0);
   const char* trainer_tags[] = {"trainer", "optimizer"};
-  emulator().set_copy_rate(400u << 20);
+  emulator().set_copy_bytes_per_second(400u << 20);
   for (int cycle = 0; cycle < 3; ++cycle) {
     TAGMEM_OK(tagmem_swap(trainer_tags, 2, engine_tag, 1, 0, TAGMEM_BACKUP));
     EXPECT_EQ(stats("engine").state, TAGMEM_RESIDENT);

@@ -1,7 +1,6 @@
 // test_support.cpp — fixture, device copies, randomness and emulator controls (see header).
 #include "test_support.hpp"
 
-#include <dlfcn.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -90,26 +89,6 @@ std::size_t rss_bytes() {
   std::size_t pages_total = 0, pages_resident = 0;
   statm >> pages_total >> pages_resident;
   return pages_resident * static_cast<std::size_t>(sysconf(_SC_PAGESIZE));
-}
-
-const emulator_controls& emulator() {
-  static emulator_controls c = [] {
-    emulator_controls out{};
-    void* h = dlopen(std::getenv("TAGMEM_LIBCUDA"), RTLD_NOW | RTLD_NOLOAD);
-    if (!h) return out;
-    out.fail_call = reinterpret_cast<decltype(out.fail_call)>(dlsym(h, "tagmem_emu_fail_call"));
-    out.clear_faults =
-        reinterpret_cast<decltype(out.clear_faults)>(dlsym(h, "tagmem_emu_clear_faults"));
-    out.call_count = reinterpret_cast<decltype(out.call_count)>(dlsym(h, "tagmem_emu_call_count"));
-    out.set_device_bytes =
-        reinterpret_cast<decltype(out.set_device_bytes)>(dlsym(h, "tagmem_emu_set_device_bytes"));
-    out.device_bytes =
-        reinterpret_cast<decltype(out.device_bytes)>(dlsym(h, "tagmem_emu_device_bytes"));
-    out.set_copy_rate = reinterpret_cast<decltype(out.set_copy_rate)>(
-        dlsym(h, "tagmem_emu_set_copy_bytes_per_second"));
-    return out;
-  }();
-  return c;
 }
 
 void tagmem_test::SetUp() {

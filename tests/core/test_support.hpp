@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "driver/driver.hpp"
+#include "emu_controls.hpp"
 #include "tagmem/tagmem.h"
 
 namespace tagmem::test {
@@ -61,16 +62,9 @@ inline double free_memory_noise() { return using_emulator() ? 0.0 : double(2u <<
 // Resident set size of this process, in bytes.
 std::size_t rss_bytes();
 
-// The emulator's control API (tests of Emulator* suites only).
-struct emulator_controls {
-  int (*fail_call)(const char* entry, std::uint64_t nth, CUresult error);
-  void (*clear_faults)();
-  std::uint64_t (*call_count)(const char* entry);
-  int (*set_device_bytes)(int device, std::uint64_t bytes);  // what cuMemCreate may hand out
-  std::uint64_t (*device_bytes)(int device);
-  void (*set_copy_rate)(std::uint64_t bytes_per_second);  // 0: as fast as memcpy
-};
-const emulator_controls& emulator();
+// The emulator's control API (tests of Emulator* suites only): tests/faults/emu_controls.hpp,
+// found in the same library instance tagmem loads; every member is null on the real driver.
+inline const reliability::emu_controls& emulator() { return reliability::emu(); }
 
 // Gives each test a freshly initialised tagmem and shuts it down afterwards.
 class tagmem_test : public ::testing::Test {

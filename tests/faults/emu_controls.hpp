@@ -1,6 +1,6 @@
 // emu_controls.hpp — typed access to the emulated driver's control API, and leak censuses.
 //
-// The reliability tests (faults, fuzz, stress) shape and inspect the emulated driver through
+// The core, fault, fuzz and stress tests shape and inspect the emulated driver through
 // emu_control.h: injected faults, call counts, device sizes and live-object counters. tagmem
 // loads the driver with dlopen(TAGMEM_LIBCUDA), so these functions are found the same way, in the
 // same library instance, and never linked: the stress test binary must also run against the real
