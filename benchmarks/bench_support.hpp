@@ -79,7 +79,6 @@ class results {
   void add(std::string scenario, std::string metric, std::string value, std::string note = "");
   void print(const std::string& title) const;     // an aligned table on stdout
   void write_tsv(const std::string& path) const;  // no-op for an empty path
-  const std::vector<result_row>& rows() const { return rows_; }
 
  private:
   std::vector<result_row> rows_;

@@ -60,7 +60,6 @@ class copier {
   // Compares device bytes with `expected`; returns the offset of the first difference or n.
   std::size_t compare(CUdeviceptr src, const void* expected, std::size_t n);
   void memset(CUdeviceptr dst, unsigned char value, std::size_t n);
-  CUstream stream() const noexcept { return stream_; }
 
  private:
   CUstream stream_ = nullptr;

@@ -299,24 +299,34 @@ TEST_F(Stress, AllocatorsOnSeveralStreamsWhileAnotherThreadOffloadsAndReloads) {
               static_cast<unsigned long long>(verified.load()));
 }
 
-}  // namespace
-}  // namespace tagmem::stress
-
-namespace tagmem::stress {
-namespace {
-
 // Note [offload waits] covers offload; the same hazard exists when empty_cache (or the cache
 // flush an out-of-memory allocation triggers) unmaps memory whose last block was freed on a
 // stream with work still queued on it. With slow emulated copies the hazard is certain: a copy
 // still reading the block when its chunk is unmapped faults and poisons the context.
-using EmulatorStress = Stress;  // excluded from the GPU run by name (Emulator*)
+// Excluded from the GPU run by name (Emulator*). Each test gets a stream; whatever happens in
+// it, the copy speed, the context's sticky error and the stream are put back afterwards.
+class EmulatorStress : public Stress {
+ protected:
+  void SetUp() override {
+    Stress::SetUp();
+    ASSERT_TRUE(reliability::emu().available) << "needs the emulated driver";
+    check_cu(driver::api().cuStreamCreate(&s_, CU_STREAM_NON_BLOCKING), "cuStreamCreate");
+  }
+  void TearDown() override {
+    if (reliability::emu().available) {
+      reliability::emu().set_copy_bytes_per_second(0);
+      reliability::emu().clear_sticky_error(0);
+    }
+    if (s_) driver::api().cuStreamDestroy(s_);
+    Stress::TearDown();
+  }
+  CUstream s_ = nullptr;
+};
 
 TEST_F(EmulatorStress, EmptyCacheAfterAStreamOrderedFreeWaitsForQueuedCopies) {
   const auto& emu = reliability::emu();
-  ASSERT_TRUE(emu.available) << "needs the emulated driver";
   const auto& api = driver::api();
-  CUstream s = nullptr;
-  check_cu(api.cuStreamCreate(&s, CU_STREAM_NON_BLOCKING), "cuStreamCreate");
+  CUstream s = s_;
   std::vector<unsigned char> bytes(1 << 20, 0x5a);
   emu.set_copy_bytes_per_second(std::uint64_t{20} << 20);  // 1 MiB takes 50 ms
   void* p = nullptr;
@@ -326,18 +336,9 @@ TEST_F(EmulatorStress, EmptyCacheAfterAStreamOrderedFreeWaitsForQueuedCopies) {
   EXPECT_EQ(tagmem_free(p, s), TAGMEM_SUCCESS);  // legal: the copy is ordered before any reuse
   EXPECT_EQ(tagmem_empty_cache(0), TAGMEM_SUCCESS) << tagmem_last_error();
   const CUresult synced = api.cuStreamSynchronize(s);
-  emu.set_copy_bytes_per_second(0);
   EXPECT_EQ(synced, CUDA_SUCCESS) << "the queued copy faulted: empty_cache unmapped its memory";
   EXPECT_EQ(emu.sticky_error(0), CUDA_SUCCESS);
-  emu.clear_sticky_error(0);
-  api.cuStreamDestroy(s);
 }
-
-}  // namespace
-}  // namespace tagmem::stress
-
-namespace tagmem::stress {
-namespace {
 
 // The same hazard with the cache flush on another thread: between its wait for the device and
 // its unmapping, a block may be allocated, written on a stream and freed again. A thread that
@@ -345,10 +346,8 @@ namespace {
 // few hundred iterations when the wait is not tied to the tag's lock.
 TEST_F(EmulatorStress, EmptyCacheOnAnotherThreadNeverUnmapsUnderAQueuedCopy) {
   const auto& emu = reliability::emu();
-  ASSERT_TRUE(emu.available) << "needs the emulated driver";
   const auto& api = driver::api();
-  CUstream s = nullptr;
-  check_cu(api.cuStreamCreate(&s, CU_STREAM_NON_BLOCKING), "cuStreamCreate");
+  CUstream s = s_;
   std::vector<unsigned char> bytes(256 << 10, 0xa5);
   emu.set_copy_bytes_per_second(std::uint64_t{1} << 30);  // 256 KiB takes 0.25 ms
   std::atomic<bool> done{false};
@@ -371,12 +370,9 @@ TEST_F(EmulatorStress, EmptyCacheOnAnotherThreadNeverUnmapsUnderAQueuedCopy) {
   const CUresult synced = api.cuStreamSynchronize(s);
   done = true;
   janitor.join();
-  emu.set_copy_bytes_per_second(0);
   EXPECT_EQ(fail.count(), 0) << fail.first();
   EXPECT_EQ(synced, CUDA_SUCCESS) << "a queued copy faulted: its memory was unmapped under it";
   EXPECT_EQ(emu.sticky_error(0), CUDA_SUCCESS);
-  emu.clear_sticky_error(0);
-  api.cuStreamDestroy(s);
 }
 
 }  // namespace
