@@ -11,8 +11,6 @@
 namespace tagmem {
 namespace {
 
-bool is_power_of_two(std::size_t v) { return v && !(v & (v - 1)); }
-
 // Parses "123", "64K", "2M", "256G" (binary units).
 std::size_t parse_bytes(const char* name, const char* text) {
   errno = 0;
@@ -111,7 +109,6 @@ config make_config(const tagmem_config* user) {
                  "copy_piece_bytes must be at least 1 MiB");
   TAGMEM_EXPECTS(c.host_slab_bytes >= (1u << 20), TAGMEM_ERROR_INVALID_ARGUMENT,
                  "TAGMEM_HOST_SLAB_BYTES must be at least 1 MiB");
-  (void)is_power_of_two;
   return c;
 }
 

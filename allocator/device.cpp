@@ -69,7 +69,7 @@ device::~device() {
   for (CUstream s : d2h_) api.cuStreamDestroy(s);
   for (CUstream s : h2d_) api.cuStreamDestroy(s);
   for (CUevent e : free_events_) api.cuEventDestroy(e);
-  api.cuCtxSetCurrent(previous == context_ ? context_ : previous);
+  api.cuCtxSetCurrent(previous);
   api.cuDevicePrimaryCtxRelease(dev_);
 }
 

@@ -35,7 +35,6 @@ class device {
   // not serialise them with the application's work).
   CUstream d2h_stream(std::size_t i) const noexcept { return d2h_[i % d2h_.size()]; }
   CUstream h2d_stream(std::size_t i) const noexcept { return h2d_[i % h2d_.size()]; }
-  std::size_t copy_stream_count() const noexcept { return d2h_.size(); }
   void synchronize_copy_streams();  // waits for all of them; then throws the first failure
 
   // Events without timing, recycled; acquire throws DRIVER.

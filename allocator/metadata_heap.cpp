@@ -93,10 +93,6 @@ bool set_metadata_allocator(metadata_allocator which) noexcept {
   return mi == (which == metadata_allocator::mimalloc);
 }
 
-metadata_allocator metadata_allocator_in_use() noexcept {
-  return g_use_mimalloc.load() ? metadata_allocator::mimalloc : metadata_allocator::system;
-}
-
 void* meta_malloc(std::size_t bytes) {
   void* p = nullptr;
   if (g_use_mimalloc.load(std::memory_order_relaxed)) {

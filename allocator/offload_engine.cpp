@@ -147,7 +147,6 @@ void pipeline::commit(outgoing& o) {
   o.t->set_offloaded(mode_, false);
   o.t->counters().offload_count++;
   o.t->counters().bytes_offloaded += mode_ == TAGMEM_BACKUP ? o.bytes : 0;
-  o.committed = true;
 }
 
 // After a failure on the out side: no in-tag changes, and every out-tag that began unmapping is

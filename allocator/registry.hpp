@@ -24,7 +24,6 @@ class registry {
   explicit registry(const config& cfg);  // loads the driver; throws
   ~registry();                           // releases everything
 
-  const config& cfg() const noexcept { return cfg_; }
   host_store& store();
 
   // Resolves TAGMEM_CURRENT_DEVICE and checks the ordinal.

@@ -41,7 +41,6 @@ struct outgoing {
   std::size_t next_map = 0;          // maps [0, next_map) are unmapped
   std::size_t waited = 0;            // copies [0, waited) are known to have finished
   bool started = false;              // the tag holds the pieces and is marked offloaded
-  bool committed = false;            // every mapping unmapped
 };
 
 struct in_run {

@@ -23,7 +23,7 @@ using get_proc_address_fn = CUresult (*)(const char*, void**, int, cuuint64_t,
 table g_table;                          // filled by load(), read-only afterwards
 void* g_handle = nullptr;               // dlopen() handle of the driver
 std::string g_path;                     // what was opened
-std::mutex g_mutex;                     // serialises load() and unload()
+std::mutex g_mutex;                     // serialises load()
 std::atomic<bool> g_loaded{false};      // load() completed
 symbol_resolver g_resolver = &::dlsym;  // Note [symbol resolver]
 
@@ -79,17 +79,6 @@ void load() {
     throw;
   }
   g_loaded.store(true, std::memory_order_release);
-}
-
-bool loaded() noexcept { return g_loaded.load(std::memory_order_acquire); }
-
-void unload() noexcept {
-  std::lock_guard lock(g_mutex);
-  if (!g_loaded.load(std::memory_order_relaxed)) return;
-  g_loaded.store(false, std::memory_order_release);
-  g_table = table{};
-  // The driver keeps process-wide state (contexts, threads) that cannot be torn down safely, and
-  // the real libcuda is never unloaded in practice; keep the handle open.
 }
 
 const std::string& library_path() { return g_path; }

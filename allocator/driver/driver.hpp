@@ -32,10 +32,6 @@ void set_symbol_resolver(symbol_resolver resolver);
 
 // Loads the driver once (thread-safe); later calls return at once. Throws NO_DRIVER.
 void load();
-// Whether load() has succeeded.
-bool loaded() noexcept;
-// Closes the library; api() is invalid afterwards until the next load().
-void unload() noexcept;
 // The library path load() used ("libcuda.so.1" or TAGMEM_LIBCUDA).
 const std::string& library_path();
 
