@@ -3,6 +3,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 
 namespace tagmem::nccl {
@@ -63,7 +64,9 @@ allocation* record_table::by_address(CUdeviceptr address, mapping_record** mappi
 meta_vector<allocation*> record_table::mapped_in(CUdeviceptr va, std::size_t size) {
   meta_vector<allocation*> out;
   for (auto it = by_va_.lower_bound(va); it != by_va_.end() && it->first < va + size; ++it) {
-    if (out.empty() || out.back() != it->second) out.push_back(it->second);
+    // Once each, also when its mappings are not adjacent (A, B, A): callers may erase a record
+    // while walking the list.
+    if (std::find(out.begin(), out.end(), it->second) == out.end()) out.push_back(it->second);
   }
   return out;
 }

@@ -92,7 +92,7 @@ class record_table {
   allocation* by_id(std::uint64_t id);
   // The record with a mapping that contains `address`, and that mapping.
   allocation* by_address(CUdeviceptr address, mapping_record** mapping = nullptr);
-  // Records with a mapping that starts inside [va, va + size).
+  // Records with a mapping that starts inside [va, va + size), each once.
   meta_vector<allocation*> mapped_in(CUdeviceptr va, std::size_t size);
 
   void add_mapping(allocation& a, CUdeviceptr va, std::size_t size, std::size_t offset);
