@@ -125,11 +125,6 @@ block* block_pool::allocate(std::size_t size, CUstream stream) {
   return b;
 }
 
-block* block_pool::find_live(CUdeviceptr ptr) const {
-  auto it = live_.find(ptr);
-  return it == live_.end() ? nullptr : it->second;
-}
-
 block* block_pool::find_containing(CUdeviceptr address) const {
   auto it = segments_.upper_bound(address);
   if (it == segments_.begin()) return nullptr;
@@ -141,8 +136,11 @@ block* block_pool::find_containing(CUdeviceptr address) const {
   return nullptr;
 }
 
-void block_pool::free(block* b, CUstream stream) {
-  live_.erase(b->ptr);
+bool block_pool::free(CUdeviceptr ptr, CUstream stream) {
+  auto it = live_.find(ptr);
+  if (it == live_.end()) return false;
+  block* b = it->second;
+  live_.erase(it);
   totals_.allocated_bytes -= round_up(b->requested, alignment);
   totals_.requested_bytes -= b->requested;
   totals_.live_allocations--;
@@ -151,6 +149,7 @@ void block_pool::free(block* b, CUstream stream) {
   b->stream = stream;
   b->seg->live--;
   merge_free(b);
+  return true;
 }
 
 void block_pool::merge_free(block* b) {

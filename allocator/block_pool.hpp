@@ -65,12 +65,11 @@ class block_pool {
   // Returns a block of at least `size` bytes usable on `stream`. Throws OUT_OF_MEMORY / DRIVER
   // with nothing changed.
   block* allocate(std::size_t size, CUstream stream);
-  // The allocated block starting at `ptr`, or nullptr.
-  block* find_live(CUdeviceptr ptr) const;
   // The allocated block containing `address`, or nullptr.
   block* find_containing(CUdeviceptr address) const;
-  // Returns a live block to the cache, reusable at once by `stream`.
-  void free(block* b, CUstream stream);
+  // Returns the live block starting at `ptr` to the cache, reusable at once by `stream`; false
+  // (nothing changed) when no live block starts there.
+  bool free(CUdeviceptr ptr, CUstream stream);
   // Releases the physical memory and virtual space of every mapping whose segments hold no live
   // block. Returns the bytes released. Only valid while every mapping is resident.
   std::size_t release_cached();

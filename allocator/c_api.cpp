@@ -187,11 +187,9 @@ tagmem_status tagmem_free(void* ptr, tagmem_stream stream) {
     TAGMEM_EXPECTS(t, TAGMEM_ERROR_UNKNOWN_POINTER,
                    "tagmem_free: " + std::to_string(address) + " was not allocated by tagmem");
     std::lock_guard lock(t->mutex());
-    block* b = t->pool().find_live(address);
-    TAGMEM_EXPECTS(b, TAGMEM_ERROR_UNKNOWN_POINTER,
+    TAGMEM_EXPECTS(t->pool().free(address, stream), TAGMEM_ERROR_UNKNOWN_POINTER,
                    "tagmem_free: " + std::to_string(address) + " in tag '" + t->name() +
                        "' is not a live allocation (already freed, or not its start)");
-    t->pool().free(b, stream);
     t->counters().free_count++;
   });
 }

@@ -76,11 +76,16 @@ host_store& registry::store() {
 }
 
 tag* registry::find(int ordinal, const char* name) {
-  check_tag_name(name);
+  // Every allocation comes through here: a name already in the map was checked when it was
+  // added, so only a miss (and NULL, before looking) is checked.
+  if (name == nullptr) check_tag_name(name);
   device_slot& s = slot(ordinal);
-  std::shared_lock lock(s.tags_mutex);
-  auto it = s.tags.find(meta_string(name));
-  return it == s.tags.end() ? nullptr : it->second;
+  {
+    std::shared_lock lock(s.tags_mutex);
+    if (auto it = s.tags.find(name); it != s.tags.end()) return it->second;
+  }
+  check_tag_name(name);
+  return nullptr;
 }
 
 tag& registry::get(int ordinal, const char* name) {

@@ -50,7 +50,7 @@ class registry {
     std::once_flag created;  // dev is set once, without a lock on every later use
     std::unique_ptr<device> dev;
     std::shared_mutex tags_mutex;
-    meta_map<meta_string, tag*> tags;
+    meta_map<meta_string, tag*, std::less<>> tags;  // looked up by const char*, no copy
   };
   device_slot& slot(int ordinal);
   meta_vector<tag*> lookup_unique(const char* const* names, std::size_t count, int ordinal);
