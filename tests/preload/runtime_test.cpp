@@ -38,6 +38,8 @@ struct api {
   decltype(&::tagmem_reload) reload = get<decltype(&::tagmem_reload)>("tagmem_reload");
   decltype(&::tagmem_tag_stats_get) tag_stats =
       get<decltype(&::tagmem_tag_stats_get)>("tagmem_tag_stats_get");
+  decltype(&::tagmem_wait_released) wait_released =
+      get<decltype(&::tagmem_wait_released)>("tagmem_wait_released");
 };
 const api& tm() {
   static api a;
@@ -125,6 +127,9 @@ TEST_F(Runtime, CudaMallocInAnOffloadedTagIsOutOfMemory) {
   ASSERT_EQ(tm().pop(), TAGMEM_SUCCESS);
   ASSERT_EQ(tm().reload(tags, 1, 0), TAGMEM_SUCCESS);
   EXPECT_EQ(cudaFree(p), 0);
+  // The discarded memory goes back to the driver on a background thread; later tests in this
+  // process count the driver's live allocations, so it must be back before this test ends.
+  EXPECT_EQ(tm().wait_released(0), TAGMEM_SUCCESS);
 }
 
 TEST(RuntimeDefaultTag, EveryCudaMallocGoesToTheDefaultTagUnlessAScopeSaysOtherwise) {

@@ -258,7 +258,9 @@ class rank_run {
         emu_live_allocations() == baseline_allocations_ &&
             emu_live_mappings() == baseline_mappings_,
         "no physical allocation or mapping left behind: " + std::to_string(emu_live_allocations()) +
-            " allocations, " + std::to_string(emu_live_mappings()) + " mappings");
+            " allocations, " + std::to_string(emu_live_mappings()) + " mappings against " +
+            std::to_string(baseline_allocations_) + " and " + std::to_string(baseline_mappings_) +
+            " before the scenario");
   }
 
   int me_, other_;
