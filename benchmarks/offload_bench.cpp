@@ -13,8 +13,11 @@
 // come from the environment and are echoed in the header. The raw link is measured first unless
 // --link gives its GB/s from an earlier run of the same machine (the chunking sweeps of
 // gpu_run.sh do that to save time); every ratio is then against those numbers.
+#include <unistd.h>
+
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <functional>
 #include <sstream>
 #include <stdexcept>
@@ -33,13 +36,10 @@ bool wanted(const std::string& list, const std::string& name) {
   return false;
 }
 
+// Every TAGMEM_* variable set, so that a log says which settings produced it.
 void echo_environment() {
-  const char* knobs[] = {"TAGMEM_LIBCUDA",           "TAGMEM_COPY_PIECE_BYTES",
-                         "TAGMEM_MAX_MAPPING_BYTES", "TAGMEM_CHUNK_BYTES",
-                         "TAGMEM_HOST_PIN",          "TAGMEM_HOST_PIN_THREADS",
-                         "TAGMEM_HOST_SLAB_BYTES",   "TAGMEM_METADATA"};
-  for (const char* k : knobs) {
-    if (const char* v = std::getenv(k)) std::printf("# %s=%s\n", k, v);
+  for (char** v = environ; *v; ++v) {
+    if (std::strncmp(*v, "TAGMEM_", 7) == 0) std::printf("# %s\n", *v);
   }
 }
 
