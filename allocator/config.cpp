@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <utility>
 
 #include "error.hpp"
 
@@ -52,6 +53,18 @@ void take(std::size_t& field, std::size_t user, const char* env) {
   }
 }
 
+// The value of `env` among two named choices, `fallback` when unset; INVALID_ARGUMENT otherwise.
+template <class T>
+T choose(const char* env, const std::pair<const char*, T> (&choices)[2], T fallback) {
+  const char* text = std::getenv(env);
+  if (!text || !*text) return fallback;
+  for (const auto& [name, value] : choices) {
+    if (std::strcmp(text, name) == 0) return value;
+  }
+  fail(TAGMEM_ERROR_INVALID_ARGUMENT, std::string(env) + "='" + text + "': expected " +
+                                          choices[0].first + " or " + choices[1].first);
+}
+
 }  // namespace
 
 config make_config(const tagmem_config* user) {
@@ -76,26 +89,14 @@ config make_config(const tagmem_config* user) {
                    std::string("TAGMEM_COPY_STREAMS='") + n + "': expected 1 to 16");
     c.copy_streams = static_cast<int>(v);
   }
-  if (const char* m = std::getenv("TAGMEM_METADATA"); m && *m) {
-    if (std::strcmp(m, "mimalloc") == 0) {
-      c.metadata = metadata_allocator::mimalloc;
-    } else if (std::strcmp(m, "system") == 0) {
-      c.metadata = metadata_allocator::system;
-    } else {
-      fail(TAGMEM_ERROR_INVALID_ARGUMENT,
-           std::string("TAGMEM_METADATA='") + m + "': expected mimalloc or system");
-    }
-  }
-  if (const char* m = std::getenv("TAGMEM_DISCARD_RELEASE"); m && *m) {
-    if (std::strcmp(m, "background") == 0) {
-      c.background_release = true;
-    } else if (std::strcmp(m, "wait") == 0) {
-      c.background_release = false;
-    } else {
-      fail(TAGMEM_ERROR_INVALID_ARGUMENT,
-           std::string("TAGMEM_DISCARD_RELEASE='") + m + "': expected background or wait");
-    }
-  }
+  c.metadata =
+      choose("TAGMEM_METADATA",
+             {{"mimalloc", metadata_allocator::mimalloc}, {"system", metadata_allocator::system}},
+             c.metadata);
+  c.background_release = choose("TAGMEM_DISCARD_RELEASE", {{"background", true}, {"wait", false}},
+                                c.background_release);
+  c.swap_background_release = choose(
+      "TAGMEM_SWAP_RELEASE", {{"background", true}, {"inline", false}}, c.swap_background_release);
   constexpr std::size_t granule = 2ull << 20;  // the driver's granularity is checked per device
   TAGMEM_EXPECTS(c.chunk_bytes % granule == 0, TAGMEM_ERROR_INVALID_ARGUMENT,
                  "chunk_bytes must be a multiple of 2 MiB");

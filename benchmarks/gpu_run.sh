@@ -10,8 +10,9 @@
 #   3. tagmem_bench_offload       raw link, weights (+pre-pinned), many small, kv cache, swap
 #                                 (roomy and memory-tight): the issue-3 table
 #   4. chunking sweeps            tagmem_bench_offload again with TAGMEM_COPY_PIECE_BYTES,
-#                                 TAGMEM_MAX_MAPPING_BYTES, TAGMEM_DISCARD_MAPPING_BYTES and
-#                                 TAGMEM_CHUNK_BYTES varied
+#                                 TAGMEM_MAX_MAPPING_BYTES, TAGMEM_DISCARD_MAPPING_BYTES,
+#                                 TAGMEM_CHUNK_BYTES, TAGMEM_HOST_PIN and TAGMEM_SWAP_RELEASE
+#                                 varied
 #   5. tagmem_bench_random_allocations   issue 2 item 10: cuMemAllocAsync vs tagmem with mimalloc
 #                                 or system metadata
 #
@@ -103,6 +104,9 @@ if wanted sweeps; then
   for m in 1G 4G 64G; do sweep "discard_map_$m" TAGMEM_DISCARD_MAPPING_BYTES=$m kv; done
   for c in 8M 32M; do sweep "chunk_$c" TAGMEM_CHUNK_BYTES=$c many_small; done
   sweep pin_host_alloc TAGMEM_HOST_PIN=host_alloc weights
+  # The out-side of a swap released after its copies (Note [background release]): an experiment
+  # against the default (inline) swap in the offload part above.
+  sweep swap_release_background TAGMEM_SWAP_RELEASE=background swap
 fi
 
 if wanted random; then
@@ -132,7 +136,7 @@ show_tsv "offload scenarios (issue 3)" "$out/offload.tsv"
 for f in "$out"/sweep_*.tsv; do
   [[ -f $f ]] || continue
   n=$(basename "$f" .tsv)
-  show_tsv "$n" "$f" 'steady|cycle 1 /|offload ms|reload ms|ERROR'
+  show_tsv "$n" "$f" 'steady|cycle 1 /|offload ms|reload ms|swap /|ERROR'
 done
 show_tsv "pinning $pin_bytes (time to pin; copy rates into the pinned memory)" "$out/pinning.tsv"
 show_tsv "vmm costs over $vmm_bytes" "$out/vmm.tsv" 'us per chunk|ms all|one |threads'

@@ -1,8 +1,9 @@
 // release_test.cpp — DISCARD offloads release physical memory in the background (Note
 // [background release]): tagmem_wait_released hands it all back, an allocation that needs it
 // waits for it instead of failing, a release that fails is reported and retried, and
-// TAGMEM_DISCARD_RELEASE=wait releases before the offload returns. The Release suite runs on both
-// drivers; EmulatorRelease uses fault injection and the emulated device size.
+// TAGMEM_DISCARD_RELEASE=wait releases before the offload returns. With TAGMEM_SWAP_RELEASE=
+// background a swap's out-side goes the same way. The Release suite runs on both drivers;
+// EmulatorRelease uses fault injection and the emulated device size.
 #include <algorithm>
 #include <cstdlib>
 
@@ -40,6 +41,15 @@ void* allocate_filled(std::mt19937_64& rng, const char* tag, std::size_t bytes) 
     EXPECT_EQ(read_device(q, window), data) << tag << " at " << at;
   }
   return p;
+}
+
+// Shuts tagmem down and initialises it again with `env`=`value`.
+tagmem_status restart_with(const char* env, const char* value) {
+  EXPECT_EQ(tagmem_shutdown(), TAGMEM_SUCCESS) << tagmem_last_error();
+  setenv(env, value, 1);
+  tagmem_status init = tagmem_init(nullptr);
+  unsetenv(env);
+  return init;
 }
 
 TEST_F(Release, WaitReleasedGivesBackEveryDiscardedByte) {
@@ -92,6 +102,67 @@ TEST_F(Release, AllocationRightAfterADiscardGetsItsMemory) {
   if (limit) {
     ASSERT_EQ(emulator().set_device_bytes(0, limit), 0);
   }
+}
+
+// One side of a phase switch: `count` allocations of `bytes` in `tag`, every byte random.
+struct side {
+  std::vector<void*> ptrs;
+  std::vector<std::vector<unsigned char>> bytes;
+  void expect_intact(const char* what) const {
+    for (std::size_t i = 0; i < ptrs.size(); ++i) {
+      EXPECT_EQ(read_device(ptrs[i], bytes[i].size()), bytes[i]) << what << ", allocation " << i;
+    }
+  }
+  void free_all() const {
+    for (void* p : ptrs) TAGMEM_OK(tagmem_free(p, nullptr));
+  }
+};
+
+side fill_side(std::mt19937_64& rng, const char* tag, int count, std::size_t bytes) {
+  side s;
+  for (int i = 0; i < count; ++i) {
+    void* p = nullptr;
+    EXPECT_EQ(tagmem_malloc_tagged(&p, bytes, tag, 0, nullptr), TAGMEM_SUCCESS)
+        << tag << ": " << tagmem_last_error();
+    if (!p) break;
+    s.ptrs.push_back(p);
+    s.bytes.push_back(random_bytes(rng, bytes));
+    write_device(p, s.bytes.back().data(), bytes);
+  }
+  return s;
+}
+
+// TAGMEM_SWAP_RELEASE=background: a swap's out-side memory goes back through the release queue
+// after the swap's copies, and every byte of both sides survives swaps both ways.
+TEST_F(Release, SwapWithBackgroundReleaseKeepsEveryByteAndGivesTheMemoryBack) {
+  TAGMEM_OK(restart_with("TAGMEM_SWAP_RELEASE", "background"));
+  auto rng = rng_for_test();
+  const char* eng[] = {"engine"};
+  const char* trn[] = {"trainer"};
+  side engine = fill_side(rng, "engine", 4, 24u << 20);
+  TAGMEM_OK(tagmem_offload(eng, 1, 0, TAGMEM_BACKUP));
+  side trainer = fill_side(rng, "trainer", 4, 24u << 20);
+  const std::size_t trainer_mapped = mapped_bytes("trainer");
+  for (int round = 0; round < 2; ++round) {
+    TAGMEM_OK(tagmem_swap(trn, 1, eng, 1, 0, TAGMEM_BACKUP));
+    engine.expect_intact("engine after the swap in");
+    EXPECT_EQ(mapped_bytes("trainer"), 0u);
+    EXPECT_LE(pending_bytes(), trainer_mapped);
+    TAGMEM_OK(tagmem_wait_released(0));
+    EXPECT_EQ(pending_bytes(), 0u);
+    TAGMEM_OK(tagmem_swap(eng, 1, trn, 1, 0, TAGMEM_BACKUP));
+    trainer.expect_intact("trainer after the swap back");
+  }
+  TAGMEM_OK(tagmem_reload(eng, 1, 0));
+  engine.expect_intact("engine reloaded");
+  engine.free_all();
+  trainer.free_all();
+}
+
+TEST_F(Release, BadSwapReleaseSettingIsRejectedAtInit) {
+  EXPECT_EQ(restart_with("TAGMEM_SWAP_RELEASE", "later"), TAGMEM_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(tagmem_last_error()).find("TAGMEM_SWAP_RELEASE"), std::string::npos);
+  TAGMEM_OK(tagmem_init(nullptr));  // for TearDown
 }
 
 class EmulatorRelease : public tagmem_test {
@@ -156,17 +227,8 @@ TEST_F(EmulatorRelease, AllocationWaitsForAReleaseThatFailedOnce) {
   TAGMEM_OK(tagmem_free(kv, nullptr));
 }
 
-// Shuts tagmem down and initialises it again with TAGMEM_DISCARD_RELEASE=`value`.
-tagmem_status restart_with_release_setting(const char* value) {
-  EXPECT_EQ(tagmem_shutdown(), TAGMEM_SUCCESS) << tagmem_last_error();
-  setenv("TAGMEM_DISCARD_RELEASE", value, 1);
-  tagmem_status init = tagmem_init(nullptr);
-  unsetenv("TAGMEM_DISCARD_RELEASE");
-  return init;
-}
-
 TEST_F(EmulatorRelease, WaitModeReleasesBeforeTheOffloadReturns) {
-  TAGMEM_OK(restart_with_release_setting("wait"));
+  TAGMEM_OK(restart_with("TAGMEM_DISCARD_RELEASE", "wait"));
   auto rng = rng_for_test();
   void* kv = allocate_filled(rng, "kv_cache", 32u << 20);
   const std::uint64_t releases = emulator().call_count("cuMemRelease");
@@ -179,9 +241,37 @@ TEST_F(EmulatorRelease, WaitModeReleasesBeforeTheOffloadReturns) {
 }
 
 TEST_F(EmulatorRelease, BadSettingIsRejectedAtInit) {
-  EXPECT_EQ(restart_with_release_setting("later"), TAGMEM_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(restart_with("TAGMEM_DISCARD_RELEASE", "later"), TAGMEM_ERROR_INVALID_ARGUMENT);
   EXPECT_NE(std::string(tagmem_last_error()).find("TAGMEM_DISCARD_RELEASE"), std::string::npos);
   TAGMEM_OK(tagmem_init(nullptr));  // for TearDown
+}
+
+// A swap where the in-side fits only once the out-side's memory is back with the driver: with
+// TAGMEM_SWAP_RELEASE=background that memory is still queued when the in-runs are mapped, so
+// mapping must wait for the queue instead of failing.
+TEST_F(EmulatorRelease, TightSwapWithBackgroundReleaseWaitsForTheOutgoingMemory) {
+  TAGMEM_OK(restart_with("TAGMEM_SWAP_RELEASE", "background"));
+  auto rng = rng_for_test();
+  const char* eng[] = {"engine"};
+  const char* trn[] = {"trainer"};
+  side engine = fill_side(rng, "engine", 3, 16u << 20);
+  TAGMEM_OK(tagmem_offload(eng, 1, 0, TAGMEM_BACKUP));
+  TAGMEM_OK(tagmem_wait_released(0));
+  side trainer = fill_side(rng, "trainer", 3, 16u << 20);
+  const std::size_t used = limit_ - device_free_bytes();
+  ASSERT_EQ(emulator().set_device_bytes(0, used + (16u << 20)), 0);
+  for (int round = 0; round < 2; ++round) {
+    TAGMEM_OK(tagmem_swap(trn, 1, eng, 1, 0, TAGMEM_BACKUP));
+    engine.expect_intact("engine after the swap in");
+    TAGMEM_OK(tagmem_swap(eng, 1, trn, 1, 0, TAGMEM_BACKUP));
+    trainer.expect_intact("trainer after the swap back");
+  }
+  trainer.free_all();
+  TAGMEM_OK(tagmem_empty_cache(0));
+  ASSERT_EQ(emulator().set_device_bytes(0, limit_), 0);
+  TAGMEM_OK(tagmem_reload(eng, 1, 0));
+  engine.expect_intact("engine reloaded");
+  engine.free_all();
 }
 
 }  // namespace
