@@ -48,7 +48,10 @@ class tag : public meta_object {
   tag_counters& counters() noexcept { return counters_; }
 
   bool offloaded() const noexcept { return offloaded_; }
-  bool partial() const noexcept { return partial_; }  // offloaded, some mappings still resident
+  // Offloaded, some mappings still resident: an offload that stopped part way, which a later
+  // offload finishes. One whose failure left nothing mapped (a restore that could not map the
+  // bytes back) is plainly offloaded, as the caller sees it: offloading it again is TAG_OFFLOADED.
+  bool partial() const noexcept { return partial_ && arena_.mapped_bytes() != 0; }
   tagmem_offload_mode mode() const noexcept { return mode_; }
   tagmem_tag_state state() const noexcept;
 
