@@ -3,8 +3,12 @@
 // Note [release later]: once cuMemUnmap has succeeded the memory is gone from the address
 // space, whatever cuMemRelease then says. If the release fails, the mapping is recorded as not
 // resident (the truth: the caller must not treat it as mapped, and an offload keeps its backup
-// piece), the error is reported, and the handle is kept and released again by the arena's next
-// map or unmap, or at the latest by its destructor, so a transient failure leaks nothing.
+// piece), the error is reported, and the handle goes to the device's release queue (Note
+// [background release]), which tries it again; so does every drain, among them the one a
+// cuMemCreate that runs out of memory makes, so the memory is there when the failed offload maps
+// its tags back. Only if the queue cannot take the handle does the arena keep it, to release it
+// again at its next map or unmap or at the latest in its destructor. A transient failure leaks
+// nothing.
 #include "vm_arena.hpp"
 
 #include "address_index.hpp"
@@ -159,7 +163,11 @@ void vm_arena::unmap(CUdeviceptr va, bool in_background) {
   }
   r = driver::api().cuMemRelease(h);
   if (r != CUDA_SUCCESS) {
-    unreleased_.push_back(h);  // Note [release later]
+    try {
+      dev_.releases().push(h, m.size);  // Note [release later]
+    } catch (...) {
+      unreleased_.push_back(h);  // room reserved above
+    }
     driver::throw_error(r, "cuMemRelease");
   }
 }

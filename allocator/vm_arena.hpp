@@ -45,8 +45,8 @@ class vm_arena {
   // (not resident) and the error is thrown; see Note [release later]. With `in_background`, the
   // release is left to the device's release queue (Note [background release]).
   void unmap(CUdeviceptr va, bool in_background = false);
-  // Releases handles whose cuMemRelease failed earlier (Note [release later]); keeps those that
-  // fail again.
+  // Releases handles whose cuMemRelease failed earlier and that the release queue could not take
+  // (Note [release later]); keeps those that fail again.
   void release_unreleased() noexcept;
   bool has_unreleased() const noexcept { return !unreleased_.empty(); }
   // Forgets a mapping record (it must not be resident).

@@ -274,5 +274,58 @@ TEST_F(EmulatorRelease, TightSwapWithBackgroundReleaseWaitsForTheOutgoingMemory)
   engine.free_all();
 }
 
+// An offload whose cuMemRelease fails gives up and maps its tags back (Note [unmap as copied]);
+// on a device with no room to spare that needs the very memory whose release failed. The handle
+// waits in the release queue (Note [release later]), and the restore's cuMemCreate, out of
+// memory, drains it: every tag ends resident with its bytes.
+TEST_F(EmulatorRelease, FailedReleaseInAnOffloadOnAFullDeviceStillLeavesEveryTagResident) {
+  auto rng = rng_for_test();
+  const char* tags[] = {"t0", "t1"};
+  side t0 = fill_side(rng, "t0", 2, 16u << 20);
+  side t1 = fill_side(rng, "t1", 2, 16u << 20);
+  const std::size_t used = limit_ - device_free_bytes();
+  ASSERT_EQ(emulator().set_device_bytes(0, used + (2u << 20)), 0);
+  ASSERT_EQ(emulator().fail_call("cuMemRelease", 1, CUDA_ERROR_UNKNOWN), 0);
+  TAGMEM_FAILS_WITH(tagmem_offload(tags, 2, 0, TAGMEM_BACKUP), TAGMEM_ERROR_DRIVER);
+  EXPECT_NE(std::string(tagmem_last_error()).find("cuMemRelease"), std::string::npos)
+      << tagmem_last_error();
+  for (const char* name : tags) {
+    tagmem_tag_stats s{};
+    TAGMEM_OK(tagmem_tag_stats_get(name, 0, &s));
+    EXPECT_EQ(s.state, TAGMEM_RESIDENT) << name;
+    EXPECT_EQ(s.host_bytes, 0u) << name << ": no backup kept for a resident tag";
+  }
+  t0.expect_intact("t0 after the failed offload");
+  t1.expect_intact("t1 after the failed offload");
+  EXPECT_EQ(pending_bytes(), 0u);
+  TAGMEM_OK(tagmem_offload(tags, 2, 0, TAGMEM_BACKUP));  // the fault is gone: it works
+  TAGMEM_OK(tagmem_reload(tags, 2, 0));
+  t0.expect_intact("t0 after offload and reload");
+  t1.expect_intact("t1 after offload and reload");
+  t0.free_all();
+  t1.free_all();
+}
+
+// The same failure, but mapping the tag back fails too: nothing of it is mapped, every byte is in
+// its backup, and it is plainly offloaded (a fuzzer finding: it was left "partly offloaded", so a
+// second offload succeeded where an offloaded tag's is TAG_OFFLOADED).
+TEST_F(EmulatorRelease, TagWhoseFailedOffloadCouldNotBeUndoneIsPlainlyOffloaded) {
+  auto rng = rng_for_test();
+  const char* tags[] = {"t0"};
+  side t0 = fill_side(rng, "t0", 1, 16u << 20);
+  ASSERT_EQ(emulator().fail_call("cuMemRelease", 1, CUDA_ERROR_UNKNOWN), 0);
+  ASSERT_EQ(emulator().fail_call("cuMemCreate", 1, CUDA_ERROR_UNKNOWN), 0);
+  TAGMEM_FAILS_WITH(tagmem_offload(tags, 1, 0, TAGMEM_BACKUP), TAGMEM_ERROR_DRIVER);
+  tagmem_tag_stats s{};
+  TAGMEM_OK(tagmem_tag_stats_get("t0", 0, &s));
+  EXPECT_EQ(s.state, TAGMEM_OFFLOADED_BACKUP);
+  EXPECT_EQ(s.mapped_bytes, 0u);
+  EXPECT_EQ(s.host_bytes, 16u << 20);
+  TAGMEM_FAILS_WITH(tagmem_offload(tags, 1, 0, TAGMEM_BACKUP), TAGMEM_ERROR_TAG_OFFLOADED);
+  TAGMEM_OK(tagmem_reload(tags, 1, 0));
+  t0.expect_intact("t0 reloaded");
+  t0.free_all();
+}
+
 }  // namespace
 }  // namespace tagmem::test
