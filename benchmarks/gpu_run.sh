@@ -9,17 +9,19 @@
 #   2. tagmem_bench_vmm           what one physical mapping costs, by size ("Chunking")
 #   3. tagmem_bench_offload       raw link, weights (+pre-pinned), many small, kv cache, swap
 #                                 (roomy and memory-tight): the issue-3 table
-#   4. chunking sweeps            tagmem_bench_offload again with TAGMEM_COPY_PIECE_BYTES,
+#   4. tagmem_bench_link_anatomy  where the swap's bidirectional rate goes: the raw link with
+#                                 tagmem's differences (pieces, vmm, remapping) added one at a time
+#   5. chunking sweeps            tagmem_bench_offload again with TAGMEM_COPY_PIECE_BYTES,
 #                                 TAGMEM_MAX_MAPPING_BYTES, TAGMEM_DISCARD_MAPPING_BYTES,
 #                                 TAGMEM_CHUNK_BYTES, TAGMEM_HOST_PIN and TAGMEM_SWAP_RELEASE
 #                                 varied
-#   5. tagmem_bench_random_allocations   issue 2 item 10: cuMemAllocAsync vs tagmem with mimalloc
+#   6. tagmem_bench_random_allocations   issue 2 item 10: cuMemAllocAsync vs tagmem with mimalloc
 #                                 or system metadata
 #
 # Knobs (environment):
 #   TAGMEM_LIBCUDA        set: run on that driver (the emulator); the defaults then shrink
 #   TAGMEM_BENCH_SCALE    size factor (default 1 on a GPU, 0.01 with TAGMEM_LIBCUDA set)
-#   TAGMEM_GPU_RUN_SKIP   comma list of parts to skip: pinning,vmm,offload,sweeps,random
+#   TAGMEM_GPU_RUN_SKIP   comma list of parts to skip: pinning,vmm,offload,anatomy,sweeps,random
 # The lead's machine needs libbenchmark.so and libmimalloc.so.2 on LD_LIBRARY_PATH (carried in a
 # lib folder); nothing else outside <build-dir>.
 set -uo pipefail
@@ -32,7 +34,8 @@ build=$(cd "$1" && pwd) || exit 2
 out=$2
 mkdir -p "$out" && out=$(cd "$out" && pwd) || exit 2
 bench="$build/benchmarks"
-for b in tagmem_bench_pinning tagmem_bench_vmm tagmem_bench_offload tagmem_bench_random_allocations; do
+for b in tagmem_bench_pinning tagmem_bench_vmm tagmem_bench_offload tagmem_bench_link_anatomy \
+    tagmem_bench_random_allocations; do
   [[ -x "$bench/$b" ]] || { echo "missing $bench/$b: build the benchmarks first" >&2; exit 2; }
 done
 
@@ -91,6 +94,9 @@ if wanted offload; then
     --tsv="$out/offload.tsv"
   link=$(awk -F'\t' '$2 == "ceiling GB/s H2D,D2H,bidir" { print $3 }' "$out/offload.tsv" 2>/dev/null)
 fi
+if wanted anatomy; then
+  run anatomy "$bench/tagmem_bench_link_anatomy" --bytes="$(mib 16384 64)" --tsv="$out/anatomy.tsv"
+fi
 
 if wanted sweeps; then
   linkarg=()
@@ -133,6 +139,8 @@ show_tsv() {  # show_tsv <title> <file> [awk filter on the metric]
   awk -F'\t' -v pat="${3:-.}" 'NR > 1 && $2 ~ pat { printf "%-26s | %-50s | %-28s | %s\n", $1, $2, $3, $4 }' "$2"
 }
 show_tsv "offload scenarios (issue 3)" "$out/offload.tsv"
+show_tsv "link anatomy (the swap's copies, one difference from the raw link at a time)" \
+  "$out/anatomy.tsv"
 for f in "$out"/sweep_*.tsv; do
   [[ -f $f ]] || continue
   n=$(basename "$f" .tsv)
