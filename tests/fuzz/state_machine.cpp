@@ -216,7 +216,7 @@ class runner {
 
   // Model effects.
   void offloaded(tag_model& t, const tagmem_tag_stats& pre, tagmem_offload_mode mode);
-  void reloaded(int device, const std::string& name, tag_model& t);
+  void reloaded(int device, const std::string& name, tag_model& t, bool counted = true);
   void follow_after_fault(int d, const std::vector<const char*>& out,
                           const std::vector<const char*>& in, tagmem_offload_mode mode,
                           const std::map<std::string, tagmem_tag_stats>& pre);
@@ -422,11 +422,15 @@ void runner::offloaded(tag_model& t, const tagmem_tag_stats& pre, tagmem_offload
 
 // A completed reload: BACKUP bytes are back; DISCARD contents are undefined, so the harness
 // writes new ones (an engine refilling its cache).
-void runner::reloaded(int device, const std::string& name, tag_model& t) {
+// A reload of `t` (resident now); `counted` false after a faulted call, whose counters the model
+// adopts from tagmem instead of predicting them (Note [faults in the fuzzer]).
+void runner::reloaded(int device, const std::string& name, tag_model& t, bool counted) {
   const bool lost = t.lost_bytes || t.state == TAGMEM_OFFLOADED_DISCARD;
   t.lost_bytes = false;
-  t.bytes_reloaded += t.pieces_expected;
-  t.reload_count++;
+  if (counted) {
+    t.bytes_reloaded += t.pieces_expected;
+    t.reload_count++;
+  }
   t.state = TAGMEM_RESIDENT;
   t.host_expected = 0;
   t.pieces_expected = 0;
@@ -466,10 +470,11 @@ void runner::follow_after_fault(int d, const std::vector<const char*>& out,
     // A DISCARD offload that was under way may have dropped bytes even if the tag came back.
     if (going_out && mode == TAGMEM_DISCARD) t.lost_bytes = true;
     t.approximate = true;
+    // Counters are adopted, not predicted: a DISCARD out-tag that never left counts no reload.
     if (post.state == TAGMEM_RESIDENT && t.state != TAGMEM_RESIDENT) {
-      reloaded(d, n, t);
+      reloaded(d, n, t, false);
     } else if (post.state == TAGMEM_RESIDENT && t.lost_bytes) {
-      reloaded(d, n, t);  // resident all along, yet some of it was unmapped and remapped empty
+      reloaded(d, n, t, false);  // resident all along, yet part of it may have been remapped empty
     }
     t.state = post.state;
     t.cut_short = post.state != TAGMEM_RESIDENT && post.mapped_bytes > 0;
