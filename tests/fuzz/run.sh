@@ -7,6 +7,9 @@
 # grows; the repository is never modified. A finding is saved as <work-dir>/crash-*: the script
 # prints it and exits 1. To keep it fixed, copy it into tests/fuzz/regressions/ with a name that
 # says what it found; tests/fuzz/replay_test.cpp replays it in every build from then on.
+# TAGMEM_FUZZ_SEED (default 1) makes a run repeat itself, so that a CI gate passes or fails the
+# same way on the same code; TAGMEM_FUZZ_SEED=random explores anew each time (use it, and longer
+# runs, to look for bugs: docs/reliability.md).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 build=${1:?usage: run.sh <build-dir> [seconds] [work-dir]}
@@ -27,10 +30,13 @@ export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
 runtime=$(ldd "$fuzzer" | awk '/libclang_rt\.(asan|ubsan)/ {print $3; exit}')
 if [ -n "$runtime" ]; then export LD_PRELOAD=$runtime; fi
 log=$work/fuzz.log
-echo "[fuzz] $fuzzer for ${seconds}s, corpus $work/corpus (log: $log)"
+seed=${TAGMEM_FUZZ_SEED:-1}
+seed_arg=()
+[ "$seed" = random ] || seed_arg=(-seed="$seed")
+echo "[fuzz] $fuzzer for ${seconds}s, seed $seed, corpus $work/corpus (log: $log)"
 set +e
 "$fuzzer" -max_total_time="$seconds" -timeout=120 -rss_limit_mb=6144 -max_len=4096 \
-  -print_final_stats=1 -artifact_prefix="$work/" "$work/corpus" >"$log" 2>&1
+  "${seed_arg[@]}" -print_final_stats=1 -artifact_prefix="$work/" "$work/corpus" >"$log" 2>&1
 rc=$?
 set -e
 grep -E "^\[tagmem fuzz\]|stat::number_of_executed_units|stat::peak_rss_mb|Done [0-9]+ runs" "$log" || true
