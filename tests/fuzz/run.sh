@@ -23,7 +23,8 @@ mkdir -p "$work/corpus"
 cp -n "$here"/corpus/* "$work/corpus/" 2>/dev/null || true
 export TAGMEM_LIBCUDA=$emu
 export TAGMEM_METADATA=${TAGMEM_METADATA:-system}  # tagmem's records visible to ASan
-export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:allocator_may_return_null=1}
+# intercept_tls_get_addr=0: see tests/sanitizers.sh (a clang 14 LeakSanitizer crash at exit).
+export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:allocator_may_return_null=1:intercept_tls_get_addr=0}
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
 # A tree linked with a shared sanitizer runtime (-shared-libsan) needs it preloaded: libFuzzer puts
 # libstdc++ ahead of it. tests/sanitizers.sh links it statically, where this finds nothing.
