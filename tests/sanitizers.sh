@@ -4,7 +4,8 @@
 # 1. AddressSanitizer + UndefinedBehaviorSanitizer build (clang 14, -fno-sanitize-recover=all via
 #    TAGMEM_SANITIZE): the emulator test suites (ctest -L emu) of every target it builds.
 # 2. The state-machine fuzzer, built in the same tree, for TAGMEM_FUZZ_SECONDS (120).
-# 3. ThreadSanitizer build: the threaded tests (Threads.*, Stress.*, EmulatorStress.*).
+# 3. ThreadSanitizer build: the threaded tests (Threads.*, Release.*, EmulatorRelease.*, background
+#    pinning, Stress.*, EmulatorStress.*).
 # Any failing test, any sanitizer report (also one that a test somehow survived) and any fuzzer
 # finding fails the script. Build trees go under <build-root> (default: build-san/ in the repo).
 #
@@ -138,7 +139,11 @@ if [[ ",$skip," != *",tsan,"* ]]; then
   export TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1
   export TAGMEM_LIBCUDA=$tsan/allocator/driver/emu/libtagmem_emu.so
   log=$tsan/threads.log
-  if "$tsan/tests/core/tagmem_core_tests" --gtest_filter='Threads*' >"$log" 2>&1 &&
+  # The core suite's threaded tests: Threads.*, the release thread (Release.*, EmulatorRelease.*)
+  # and background pinning.
+  if "$tsan/tests/core/tagmem_core_tests" \
+       --gtest_filter='Threads*:Release*:EmulatorRelease*:EmulatorPipeline.HostStorePins*' \
+       >"$log" 2>&1 &&
      "$tsan/tests/stress/tagmem_stress_tests" --gtest_filter='Stress*:EmulatorStress*' >>"$log" 2>&1 &&
      scan "$log"; then
     summary+=("tsan: $(grep -cE '^\[       OK \]' "$log") threaded tests passed in $((SECONDS - start))s")
