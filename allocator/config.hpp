@@ -3,8 +3,8 @@
 // A field set in tagmem_config wins; a zero field takes the environment variable, then the
 // default. Environment only: TAGMEM_HOST_SLAB_BYTES, TAGMEM_DISCARD_MAPPING_BYTES,
 // TAGMEM_COPY_STREAMS, TAGMEM_DISCARD_RELEASE (background|wait), TAGMEM_SWAP_RELEASE
-// (inline|background), TAGMEM_METADATA. Values are
-// checked once at init (INVALID_ARGUMENT names the bad one).
+// (inline|background), TAGMEM_METADATA. Values are checked once at init (INVALID_ARGUMENT names
+// the bad one).
 #pragma once
 
 #include <cstddef>

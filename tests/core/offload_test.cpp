@@ -10,16 +10,11 @@ namespace {
 
 class Offload : public tagmem_test {};
 
-struct allocation {
-  void* ptr;
-  std::vector<unsigned char> bytes;
-};
-
 // `count` allocations of mixed sizes (log-uniform from 1 byte to `max_size`) in `tag`, each
 // filled with random bytes.
-std::vector<allocation> fill_tag(std::mt19937_64& rng, const char* tag, int count,
-                                 std::size_t max_size) {
-  std::vector<allocation> out;
+std::vector<filled> fill_tag(std::mt19937_64& rng, const char* tag, int count,
+                             std::size_t max_size) {
+  std::vector<filled> out;
   std::uniform_real_distribution<double> log_size(0.0, std::log2(static_cast<double>(max_size)));
   for (int i = 0; i < count; ++i) {
     auto size = static_cast<std::size_t>(std::exp2(log_size(rng)));
@@ -33,13 +28,11 @@ std::vector<allocation> fill_tag(std::mt19937_64& rng, const char* tag, int coun
   return out;
 }
 
-void expect_intact(const std::vector<allocation>& all) {
-  std::size_t bad = 0;
-  for (const auto& a : all) bad += read_device(a.ptr, a.bytes.size()) != a.bytes;
-  EXPECT_EQ(bad, 0u) << "allocations whose bytes changed";
+void expect_intact(const std::vector<filled>& all) {
+  EXPECT_EQ(corrupted(all), 0u) << "allocations whose bytes changed";
 }
 
-std::size_t total_requested(const std::vector<allocation>& all) {
+std::size_t total_requested(const std::vector<filled>& all) {
   std::size_t n = 0;
   for (const auto& a : all) n += a.bytes.size();
   return n;

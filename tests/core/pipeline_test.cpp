@@ -33,27 +33,9 @@ class EmulatorPipeline : public ::testing::Test {
     EXPECT_EQ(tagmem_shutdown(), TAGMEM_SUCCESS) << tagmem_last_error();
   }
 
-  struct filled {
-    void* ptr;
-    std::vector<unsigned char> bytes;
-  };
   // `count` allocations of `size` bytes of random data in `tag`.
   std::vector<filled> fill(const char* tag, int count, std::size_t size) {
-    std::vector<filled> out;
-    for (int i = 0; i < count; ++i) {
-      void* p = nullptr;
-      EXPECT_EQ(tagmem_malloc_tagged(&p, size, tag, 0, nullptr), TAGMEM_SUCCESS)
-          << tagmem_last_error();
-      if (!p) break;
-      out.push_back({p, random_bytes(rng_, size)});
-      write_device(p, out.back().bytes.data(), size);
-    }
-    return out;
-  }
-  static std::size_t corrupted(const std::vector<filled>& all) {
-    std::size_t bad = 0;
-    for (const auto& a : all) bad += read_device(a.ptr, a.bytes.size()) != a.bytes;
-    return bad;
+    return test::fill(rng_, tag, count, size);
   }
   static tagmem_tag_stats stats(const char* tag) {
     tagmem_tag_stats s{};

@@ -104,32 +104,8 @@ TEST_F(Release, AllocationRightAfterADiscardGetsItsMemory) {
   }
 }
 
-// One side of a phase switch: `count` allocations of `bytes` in `tag`, every byte random.
-struct side {
-  std::vector<void*> ptrs;
-  std::vector<std::vector<unsigned char>> bytes;
-  void expect_intact(const char* what) const {
-    for (std::size_t i = 0; i < ptrs.size(); ++i) {
-      EXPECT_EQ(read_device(ptrs[i], bytes[i].size()), bytes[i]) << what << ", allocation " << i;
-    }
-  }
-  void free_all() const {
-    for (void* p : ptrs) TAGMEM_OK(tagmem_free(p, nullptr));
-  }
-};
-
-side fill_side(std::mt19937_64& rng, const char* tag, int count, std::size_t bytes) {
-  side s;
-  for (int i = 0; i < count; ++i) {
-    void* p = nullptr;
-    EXPECT_EQ(tagmem_malloc_tagged(&p, bytes, tag, 0, nullptr), TAGMEM_SUCCESS)
-        << tag << ": " << tagmem_last_error();
-    if (!p) break;
-    s.ptrs.push_back(p);
-    s.bytes.push_back(random_bytes(rng, bytes));
-    write_device(p, s.bytes.back().data(), bytes);
-  }
-  return s;
+void free_all(const std::vector<filled>& all) {
+  for (const filled& a : all) TAGMEM_OK(tagmem_free(a.ptr, nullptr));
 }
 
 // TAGMEM_SWAP_RELEASE=background: a swap's out-side memory goes back through the release queue
@@ -139,24 +115,24 @@ TEST_F(Release, SwapWithBackgroundReleaseKeepsEveryByteAndGivesTheMemoryBack) {
   auto rng = rng_for_test();
   const char* eng[] = {"engine"};
   const char* trn[] = {"trainer"};
-  side engine = fill_side(rng, "engine", 4, 24u << 20);
+  auto engine = fill(rng, "engine", 4, 24u << 20);
   TAGMEM_OK(tagmem_offload(eng, 1, 0, TAGMEM_BACKUP));
-  side trainer = fill_side(rng, "trainer", 4, 24u << 20);
+  auto trainer = fill(rng, "trainer", 4, 24u << 20);
   const std::size_t trainer_mapped = mapped_bytes("trainer");
   for (int round = 0; round < 2; ++round) {
     TAGMEM_OK(tagmem_swap(trn, 1, eng, 1, 0, TAGMEM_BACKUP));
-    engine.expect_intact("engine after the swap in");
+    EXPECT_EQ(corrupted(engine), 0u) << "engine after the swap in";
     EXPECT_EQ(mapped_bytes("trainer"), 0u);
     EXPECT_LE(pending_bytes(), trainer_mapped);
     TAGMEM_OK(tagmem_wait_released(0));
     EXPECT_EQ(pending_bytes(), 0u);
     TAGMEM_OK(tagmem_swap(eng, 1, trn, 1, 0, TAGMEM_BACKUP));
-    trainer.expect_intact("trainer after the swap back");
+    EXPECT_EQ(corrupted(trainer), 0u) << "trainer after the swap back";
   }
   TAGMEM_OK(tagmem_reload(eng, 1, 0));
-  engine.expect_intact("engine reloaded");
-  engine.free_all();
-  trainer.free_all();
+  EXPECT_EQ(corrupted(engine), 0u) << "engine reloaded";
+  free_all(engine);
+  free_all(trainer);
 }
 
 TEST_F(Release, BadSwapReleaseSettingIsRejectedAtInit) {
@@ -254,24 +230,24 @@ TEST_F(EmulatorRelease, TightSwapWithBackgroundReleaseWaitsForTheOutgoingMemory)
   auto rng = rng_for_test();
   const char* eng[] = {"engine"};
   const char* trn[] = {"trainer"};
-  side engine = fill_side(rng, "engine", 3, 16u << 20);
+  auto engine = fill(rng, "engine", 3, 16u << 20);
   TAGMEM_OK(tagmem_offload(eng, 1, 0, TAGMEM_BACKUP));
   TAGMEM_OK(tagmem_wait_released(0));
-  side trainer = fill_side(rng, "trainer", 3, 16u << 20);
+  auto trainer = fill(rng, "trainer", 3, 16u << 20);
   const std::size_t used = limit_ - device_free_bytes();
   ASSERT_EQ(emulator().set_device_bytes(0, used + (16u << 20)), 0);
   for (int round = 0; round < 2; ++round) {
     TAGMEM_OK(tagmem_swap(trn, 1, eng, 1, 0, TAGMEM_BACKUP));
-    engine.expect_intact("engine after the swap in");
+    EXPECT_EQ(corrupted(engine), 0u) << "engine after the swap in";
     TAGMEM_OK(tagmem_swap(eng, 1, trn, 1, 0, TAGMEM_BACKUP));
-    trainer.expect_intact("trainer after the swap back");
+    EXPECT_EQ(corrupted(trainer), 0u) << "trainer after the swap back";
   }
-  trainer.free_all();
+  free_all(trainer);
   TAGMEM_OK(tagmem_empty_cache(0));
   ASSERT_EQ(emulator().set_device_bytes(0, limit_), 0);
   TAGMEM_OK(tagmem_reload(eng, 1, 0));
-  engine.expect_intact("engine reloaded");
-  engine.free_all();
+  EXPECT_EQ(corrupted(engine), 0u) << "engine reloaded";
+  free_all(engine);
 }
 
 // An offload whose cuMemRelease fails gives up and maps its tags back (Note [unmap as copied]);
@@ -281,8 +257,8 @@ TEST_F(EmulatorRelease, TightSwapWithBackgroundReleaseWaitsForTheOutgoingMemory)
 TEST_F(EmulatorRelease, FailedReleaseInAnOffloadOnAFullDeviceStillLeavesEveryTagResident) {
   auto rng = rng_for_test();
   const char* tags[] = {"t0", "t1"};
-  side t0 = fill_side(rng, "t0", 2, 16u << 20);
-  side t1 = fill_side(rng, "t1", 2, 16u << 20);
+  auto t0 = fill(rng, "t0", 2, 16u << 20);
+  auto t1 = fill(rng, "t1", 2, 16u << 20);
   const std::size_t used = limit_ - device_free_bytes();
   ASSERT_EQ(emulator().set_device_bytes(0, used + (2u << 20)), 0);
   ASSERT_EQ(emulator().fail_call("cuMemRelease", 1, CUDA_ERROR_UNKNOWN), 0);
@@ -295,15 +271,15 @@ TEST_F(EmulatorRelease, FailedReleaseInAnOffloadOnAFullDeviceStillLeavesEveryTag
     EXPECT_EQ(s.state, TAGMEM_RESIDENT) << name;
     EXPECT_EQ(s.host_bytes, 0u) << name << ": no backup kept for a resident tag";
   }
-  t0.expect_intact("t0 after the failed offload");
-  t1.expect_intact("t1 after the failed offload");
+  EXPECT_EQ(corrupted(t0), 0u) << "t0 after the failed offload";
+  EXPECT_EQ(corrupted(t1), 0u) << "t1 after the failed offload";
   EXPECT_EQ(pending_bytes(), 0u);
   TAGMEM_OK(tagmem_offload(tags, 2, 0, TAGMEM_BACKUP));  // the fault is gone: it works
   TAGMEM_OK(tagmem_reload(tags, 2, 0));
-  t0.expect_intact("t0 after offload and reload");
-  t1.expect_intact("t1 after offload and reload");
-  t0.free_all();
-  t1.free_all();
+  EXPECT_EQ(corrupted(t0), 0u) << "t0 after offload and reload";
+  EXPECT_EQ(corrupted(t1), 0u) << "t1 after offload and reload";
+  free_all(t0);
+  free_all(t1);
 }
 
 // The same failure, but mapping the tag back fails too: nothing of it is mapped, every byte is in
@@ -312,7 +288,7 @@ TEST_F(EmulatorRelease, FailedReleaseInAnOffloadOnAFullDeviceStillLeavesEveryTag
 TEST_F(EmulatorRelease, TagWhoseFailedOffloadCouldNotBeUndoneIsPlainlyOffloaded) {
   auto rng = rng_for_test();
   const char* tags[] = {"t0"};
-  side t0 = fill_side(rng, "t0", 1, 16u << 20);
+  auto t0 = fill(rng, "t0", 1, 16u << 20);
   ASSERT_EQ(emulator().fail_call("cuMemRelease", 1, CUDA_ERROR_UNKNOWN), 0);
   ASSERT_EQ(emulator().fail_call("cuMemCreate", 1, CUDA_ERROR_UNKNOWN), 0);
   TAGMEM_FAILS_WITH(tagmem_offload(tags, 1, 0, TAGMEM_BACKUP), TAGMEM_ERROR_DRIVER);
@@ -323,8 +299,8 @@ TEST_F(EmulatorRelease, TagWhoseFailedOffloadCouldNotBeUndoneIsPlainlyOffloaded)
   EXPECT_EQ(s.host_bytes, 16u << 20);
   TAGMEM_FAILS_WITH(tagmem_offload(tags, 1, 0, TAGMEM_BACKUP), TAGMEM_ERROR_TAG_OFFLOADED);
   TAGMEM_OK(tagmem_reload(tags, 1, 0));
-  t0.expect_intact("t0 reloaded");
-  t0.free_all();
+  EXPECT_EQ(corrupted(t0), 0u) << "t0 reloaded";
+  free_all(t0);
 }
 
 }  // namespace

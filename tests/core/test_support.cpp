@@ -78,6 +78,25 @@ std::vector<unsigned char> read_device(const void* src, std::size_t n) {
   return v;
 }
 
+std::vector<filled> fill(std::mt19937_64& rng, const char* tag, int count, std::size_t size) {
+  std::vector<filled> out;
+  for (int i = 0; i < count; ++i) {
+    void* p = nullptr;
+    EXPECT_EQ(tagmem_malloc_tagged(&p, size, tag, 0, nullptr), TAGMEM_SUCCESS)
+        << tag << ": " << tagmem_last_error();
+    if (!p) break;
+    out.push_back({p, random_bytes(rng, size)});
+    write_device(p, out.back().bytes.data(), size);
+  }
+  return out;
+}
+
+std::size_t corrupted(const std::vector<filled>& all) {
+  std::size_t bad = 0;
+  for (const auto& a : all) bad += read_device(a.ptr, a.bytes.size()) != a.bytes;
+  return bad;
+}
+
 std::size_t device_free_bytes(int device) {
   tagmem_device_stats s{};
   if (tagmem_device_stats_get(device, &s) != TAGMEM_SUCCESS) return 0;

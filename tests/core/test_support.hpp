@@ -49,6 +49,17 @@ void write_device(void* dst, const void* src, std::size_t n);
 void read_device(void* dst, const void* src, std::size_t n);
 std::vector<unsigned char> read_device(const void* src, std::size_t n);
 
+// An allocation and the random bytes written to it.
+struct filled {
+  void* ptr;
+  std::vector<unsigned char> bytes;
+};
+// `count` allocations of `size` bytes in `tag`, each filled with random bytes (stops at the first
+// that fails, which fails the test).
+std::vector<filled> fill(std::mt19937_64& rng, const char* tag, int count, std::size_t size);
+// How many of `all` no longer hold their bytes.
+std::size_t corrupted(const std::vector<filled>& all);
+
 // The driver table tagmem loaded (valid once tagmem is initialised).
 inline const driver::table& driver_api_for_tests() { return driver::api(); }
 
