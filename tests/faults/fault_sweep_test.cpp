@@ -108,8 +108,9 @@ class FaultSweep : public ::testing::Test {
     setenv("TAGMEM_HOST_SLAB_BYTES", "2M", 1);
     setenv("TAGMEM_METADATA", "system", 0);
     // The N-th driver call must be the same call in every run: releases stay on this thread
-    // (the background release has its own test in tests/core).
+    // (the background release, of DISCARD offloads and of swaps, has its tests in tests/core).
     setenv("TAGMEM_DISCARD_RELEASE", "wait", 1);
+    setenv("TAGMEM_SWAP_RELEASE", "inline", 1);
   }
   static void TearDownTestSuite() {
     std::printf(

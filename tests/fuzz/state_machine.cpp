@@ -972,8 +972,9 @@ bool prepare(std::string* why) {
   setenv("TAGMEM_METADATA", "system", 0);
   // Every driver call on this thread, so that an input injects its faults into the same calls on
   // every replay, and device memory equals the model's after each step (the background release
-  // of DISCARD offloads has its own tests in tests/core/release_test.cpp).
+  // of DISCARD offloads and of swaps has its own tests in tests/core/release_test.cpp).
   setenv("TAGMEM_DISCARD_RELEASE", "wait", 1);
+  setenv("TAGMEM_SWAP_RELEASE", "inline", 1);
   const auto& emu = reliability::emu();
   if (!emu.available || emu.device_count() < kDevices) {
     *why = "TAGMEM_LIBCUDA must name libtagmem_emu.so with at least 2 devices";
