@@ -3,7 +3,7 @@
 // A field set in tagmem_config wins; a zero field takes the environment variable, then the
 // default. Environment only: TAGMEM_HOST_SLAB_BYTES, TAGMEM_DISCARD_MAPPING_BYTES,
 // TAGMEM_COPY_STREAMS, TAGMEM_DISCARD_RELEASE (background|wait), TAGMEM_SWAP_RELEASE
-// (inline|background), TAGMEM_METADATA. Values are checked once at init (INVALID_ARGUMENT names
+// (background|inline), TAGMEM_METADATA. Values are checked once at init (INVALID_ARGUMENT names
 // the bad one).
 #pragma once
 
@@ -25,7 +25,7 @@ struct config {
   std::size_t host_slab_bytes = 256ull << 20;       // pinned host store grows by this at least
   int copy_streams = 2;                             // per direction, per device
   bool background_release = true;                   // Note [background release]
-  bool swap_background_release = false;             // TAGMEM_SWAP_RELEASE, an experiment
+  bool swap_background_release = true;              // TAGMEM_SWAP_RELEASE (background|inline)
   metadata_allocator metadata = metadata_allocator::mimalloc;  // TAGMEM_METADATA
 };
 

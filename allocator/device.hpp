@@ -47,7 +47,8 @@ class device {
   // free and total device memory, as the driver reports them now.
   void memory_info(std::size_t* free_bytes, std::size_t* total_bytes);
 
-  // Physical memory unmapped by DISCARD offloads, being released (Note [background release]).
+  // Physical memory unmapped by DISCARD offloads and swaps, being released (Note [background
+  // release]).
   release_queue& releases() noexcept { return releases_; }
 
  private:

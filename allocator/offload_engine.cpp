@@ -123,7 +123,7 @@ bool pipeline::unmap_next(bool block) {
   }
   if (!o.started) start(o);
   // Note [unmap as copied]; a DISCARD offload leaves the release to the device's release queue
-  // (Note [background release]), and so does a swap with TAGMEM_SWAP_RELEASE=background.
+  // (Note [background release]), and so does a swap unless TAGMEM_SWAP_RELEASE=inline.
   const bool later = mode_ == TAGMEM_DISCARD ? cfg_.background_release
                                              : !ins_.empty() && cfg_.swap_background_release;
   o.t->arena().unmap(m.va, later);

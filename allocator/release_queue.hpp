@@ -14,9 +14,12 @@
 //    bytes still pending.
 // The thread is held back while an offload is still unmapping (hold()): a release running in the
 // driver slows the unmaps next to it, so they go first and the releases after.
+// A swap's out-side goes the same way: releasing while both directions copy made a 16 GB swap
+// 50–64 ms slower on the H200 (docs/performance.md, third run).
 // A handle whose release fails stays in the queue and is tried again by the next drain (and at
 // the latest by the destructor), so a transient failure leaks nothing (as Note [release later]).
-// TAGMEM_DISCARD_RELEASE=wait releases on the calling thread instead.
+// TAGMEM_DISCARD_RELEASE=wait and TAGMEM_SWAP_RELEASE=inline release on the calling thread
+// instead.
 #pragma once
 
 #include <cuda.h>

@@ -110,9 +110,9 @@ if wanted sweeps; then
   for m in 1G 4G 64G; do sweep "discard_map_$m" TAGMEM_DISCARD_MAPPING_BYTES=$m kv; done
   for c in 8M 32M; do sweep "chunk_$c" TAGMEM_CHUNK_BYTES=$c many_small; done
   sweep pin_host_alloc TAGMEM_HOST_PIN=host_alloc weights
-  # The out-side of a swap released after its copies (Note [background release]): an experiment
-  # against the default (inline) swap in the offload part above.
-  sweep swap_release_background TAGMEM_SWAP_RELEASE=background swap
+  # The out-side of a swap released while its copies run, against the default (after them, on
+  # the release thread; Note [background release]) in the offload part above.
+  sweep swap_release_inline TAGMEM_SWAP_RELEASE=inline swap,swap_tight
 fi
 
 if wanted random; then

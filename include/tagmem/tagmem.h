@@ -192,6 +192,9 @@ TAGMEM_API tagmem_status tagmem_reload(const char* const* tags, size_t count, in
 /* A phase switch: offloads `out_tags` (in `mode`) and reloads `in_tags` on `device`, overlapping
  * the two directions where possible. Checks both lists before acting. If the reload part fails,
  * the offload part has still happened and the status says why the reload failed.
+ * As with DISCARD offloads, the out-tags' physical memory is released by a background thread,
+ * once the swap's copies are done: call tagmem_wait_released() before another process or
+ * allocator takes it. TAGMEM_SWAP_RELEASE=inline releases it before returning (slower).
  * Errors: those of tagmem_offload and tagmem_reload. */
 TAGMEM_API tagmem_status tagmem_swap(const char* const* out_tags, size_t out_count,
                                      const char* const* in_tags, size_t in_count, int device,
@@ -202,10 +205,10 @@ TAGMEM_API tagmem_status tagmem_swap(const char* const* out_tags, size_t out_cou
  * does. Offloaded tags are left alone. */
 TAGMEM_API tagmem_status tagmem_empty_cache(int device);
 
-/* Waits until the physical memory of `device` that DISCARD offloads gave up is back with the
- * driver (see tagmem_offload), so that other allocators and processes can have it. Returns at
- * once when nothing is pending. Errors: DRIVER if a release failed (it is tried again by the next
- * call; the memory stays counted in release_pending_bytes). Thread-safe. */
+/* Waits until the physical memory of `device` that DISCARD offloads and swaps gave up is back
+ * with the driver (see tagmem_offload), so that other allocators and processes can have it. Returns
+ * at once when nothing is pending. Errors: DRIVER if a release failed (it is tried again by the
+ * next call; the memory stays counted in release_pending_bytes). Thread-safe. */
 TAGMEM_API tagmem_status tagmem_wait_released(int device);
 
 /* ---- pinned host store ----------------------------------------------------------------------- */

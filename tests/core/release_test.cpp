@@ -1,8 +1,8 @@
 // release_test.cpp — DISCARD offloads release physical memory in the background (Note
 // [background release]): tagmem_wait_released hands it all back, an allocation that needs it
 // waits for it instead of failing, a release that fails is reported and retried, and
-// TAGMEM_DISCARD_RELEASE=wait releases before the offload returns. With TAGMEM_SWAP_RELEASE=
-// background a swap's out-side goes the same way. The Release suite runs on both drivers;
+// TAGMEM_DISCARD_RELEASE=wait releases before the offload returns. A swap's out-side goes the
+// same way unless TAGMEM_SWAP_RELEASE=inline. The Release suite runs on both drivers;
 // EmulatorRelease uses fault injection and the emulated device size.
 #include <algorithm>
 #include <cstdlib>
@@ -108,22 +108,40 @@ void free_all(const std::vector<filled>& all) {
   for (const filled& a : all) TAGMEM_OK(tagmem_free(a.ptr, nullptr));
 }
 
-// TAGMEM_SWAP_RELEASE=background: a swap's out-side memory goes back through the release queue
-// after the swap's copies, and every byte of both sides survives swaps both ways.
-TEST_F(Release, SwapWithBackgroundReleaseKeepsEveryByteAndGivesTheMemoryBack) {
-  TAGMEM_OK(restart_with("TAGMEM_SWAP_RELEASE", "background"));
+// The two sides of a phase switch, each `count` random-filled allocations of `bytes`: the engine
+// offloaded with BACKUP (its memory back with the driver), then the trainer resident.
+const char* eng[] = {"engine"};
+const char* trn[] = {"trainer"};
+struct sides {
+  std::vector<filled> engine, trainer;
+};
+sides engine_out_trainer_in(std::mt19937_64& rng, int count, std::size_t bytes) {
+  sides s;
+  s.engine = fill(rng, "engine", count, bytes);
+  EXPECT_EQ(tagmem_offload(eng, 1, 0, TAGMEM_BACKUP), TAGMEM_SUCCESS) << tagmem_last_error();
+  EXPECT_EQ(tagmem_wait_released(0), TAGMEM_SUCCESS) << tagmem_last_error();
+  s.trainer = fill(rng, "trainer", count, bytes);
+  return s;
+}
+
+// A swap's out-side memory goes back through the release queue after the swap's copies
+// (TAGMEM_SWAP_RELEASE=background, the default) or before the swap returns (inline); with either,
+// every byte of both sides survives swaps both ways.
+void swap_both_ways_keeps_every_byte(const char* swap_release) {
+  TAGMEM_OK(restart_with("TAGMEM_SWAP_RELEASE", swap_release));
+  const bool background = std::string(swap_release) == "background";
   auto rng = rng_for_test();
-  const char* eng[] = {"engine"};
-  const char* trn[] = {"trainer"};
-  auto engine = fill(rng, "engine", 4, 24u << 20);
-  TAGMEM_OK(tagmem_offload(eng, 1, 0, TAGMEM_BACKUP));
-  auto trainer = fill(rng, "trainer", 4, 24u << 20);
+  auto [engine, trainer] = engine_out_trainer_in(rng, 4, 24u << 20);
   const std::size_t trainer_mapped = mapped_bytes("trainer");
   for (int round = 0; round < 2; ++round) {
     TAGMEM_OK(tagmem_swap(trn, 1, eng, 1, 0, TAGMEM_BACKUP));
     EXPECT_EQ(corrupted(engine), 0u) << "engine after the swap in";
     EXPECT_EQ(mapped_bytes("trainer"), 0u);
-    EXPECT_LE(pending_bytes(), trainer_mapped);
+    if (background) {
+      EXPECT_LE(pending_bytes(), trainer_mapped);
+    } else {
+      EXPECT_EQ(pending_bytes(), 0u) << "an inline swap releases before it returns";
+    }
     TAGMEM_OK(tagmem_wait_released(0));
     EXPECT_EQ(pending_bytes(), 0u);
     TAGMEM_OK(tagmem_swap(eng, 1, trn, 1, 0, TAGMEM_BACKUP));
@@ -133,6 +151,14 @@ TEST_F(Release, SwapWithBackgroundReleaseKeepsEveryByteAndGivesTheMemoryBack) {
   EXPECT_EQ(corrupted(engine), 0u) << "engine reloaded";
   free_all(engine);
   free_all(trainer);
+}
+
+TEST_F(Release, SwapWithBackgroundReleaseKeepsEveryByteAndGivesTheMemoryBack) {
+  swap_both_ways_keeps_every_byte("background");
+}
+
+TEST_F(Release, SwapWithInlineReleaseKeepsEveryByteAndReleasesBeforeReturning) {
+  swap_both_ways_keeps_every_byte("inline");
 }
 
 TEST_F(Release, BadSwapReleaseSettingIsRejectedAtInit) {
@@ -228,12 +254,7 @@ TEST_F(EmulatorRelease, BadSettingIsRejectedAtInit) {
 TEST_F(EmulatorRelease, TightSwapWithBackgroundReleaseWaitsForTheOutgoingMemory) {
   TAGMEM_OK(restart_with("TAGMEM_SWAP_RELEASE", "background"));
   auto rng = rng_for_test();
-  const char* eng[] = {"engine"};
-  const char* trn[] = {"trainer"};
-  auto engine = fill(rng, "engine", 3, 16u << 20);
-  TAGMEM_OK(tagmem_offload(eng, 1, 0, TAGMEM_BACKUP));
-  TAGMEM_OK(tagmem_wait_released(0));
-  auto trainer = fill(rng, "trainer", 3, 16u << 20);
+  auto [engine, trainer] = engine_out_trainer_in(rng, 3, 16u << 20);
   const std::size_t used = limit_ - device_free_bytes();
   ASSERT_EQ(emulator().set_device_bytes(0, used + (16u << 20)), 0);
   for (int round = 0; round < 2; ++round) {
@@ -245,6 +266,43 @@ TEST_F(EmulatorRelease, TightSwapWithBackgroundReleaseWaitsForTheOutgoingMemory)
   free_all(trainer);
   TAGMEM_OK(tagmem_empty_cache(0));
   ASSERT_EQ(emulator().set_device_bytes(0, limit_), 0);
+  TAGMEM_OK(tagmem_reload(eng, 1, 0));
+  EXPECT_EQ(corrupted(engine), 0u) << "engine reloaded";
+  free_all(engine);
+}
+
+// A swap hands its out-side to the release queue (the default, TAGMEM_SWAP_RELEASE=background);
+// a release there that fails does not fail the swap, whose copies are done and whose bytes are
+// safe: tagmem_wait_released reports it, the retry gives the memory back, and both sides
+// survive the swap back.
+TEST_F(EmulatorRelease, FailedReleaseAfterASwapIsReportedAndRetried) {
+  auto rng = rng_for_test();
+  auto [engine, trainer] = engine_out_trainer_in(rng, 2, 16u << 20);
+  tagmem_tag_stats resident{};
+  TAGMEM_OK(tagmem_tag_stats_get("trainer", 0, &resident));
+  ASSERT_EQ(resident.mappings, 2u) << "each 16 MiB allocation has a segment of its own";
+  // Calls 1 to 4 fail. If the release thread comes first it fails both mappings (calls 1, 2)
+  // and the wait, which tries each failed handle twice, fails the first again (3, 4) and
+  // releases the second (5); if the wait comes first it fails both twice (1 to 4). Either way
+  // the wait reports the failure and keeps at least one mapping, and the next wait releases
+  // what is left: six calls in all.
+  const std::uint64_t releases = emulator().call_count("cuMemRelease");
+  for (std::uint64_t nth : {1, 2, 3, 4}) {
+    ASSERT_EQ(emulator().fail_call("cuMemRelease", nth, CUDA_ERROR_UNKNOWN), 0);
+  }
+  TAGMEM_OK(tagmem_swap(trn, 1, eng, 1, 0, TAGMEM_BACKUP));
+  EXPECT_EQ(corrupted(engine), 0u) << "engine after the swap in";
+  TAGMEM_FAILS_WITH(tagmem_wait_released(0), TAGMEM_ERROR_DRIVER);
+  EXPECT_NE(std::string(tagmem_last_error()).find("cuMemRelease"), std::string::npos)
+      << tagmem_last_error();
+  EXPECT_GT(pending_bytes(), 0u) << "the handle whose release failed is still held";
+  TAGMEM_OK(tagmem_wait_released(0));  // the retry succeeds
+  EXPECT_EQ(pending_bytes(), 0u);
+  EXPECT_EQ(emulator().call_count("cuMemRelease"), releases + 6);
+  TAGMEM_OK(tagmem_swap(eng, 1, trn, 1, 0, TAGMEM_BACKUP));
+  EXPECT_EQ(corrupted(trainer), 0u) << "trainer after the swap back";
+  TAGMEM_OK(tagmem_wait_released(0));
+  free_all(trainer);
   TAGMEM_OK(tagmem_reload(eng, 1, 0));
   EXPECT_EQ(corrupted(engine), 0u) << "engine reloaded";
   free_all(engine);

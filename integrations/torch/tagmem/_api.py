@@ -124,7 +124,9 @@ def swap(out_tags, in_tags, mode=BACKUP, device=None):
     """A phase switch: offloads `out_tags` (in `mode`) and reloads `in_tags`, overlapping both.
 
     Both lists are checked before anything moves. If the reload part fails, the offload part has
-    still happened and the exception says why the reload failed.
+    still happened and the exception says why the reload failed. The out-tags' memory goes back
+    to the driver in the background once the copies are done: call wait_released() before
+    another process or allocator needs it.
     """
     out_names, out_count = _names(out_tags)
     in_names, in_count = _names(in_tags)
@@ -174,8 +176,8 @@ def empty_cache(device=None):
 
 
 def wait_released(device=None):
-    """Waits until the device memory DISCARD offloads gave up is back with the driver (tagmem's
-    own allocations wait for it by themselves; other allocators and processes do not)."""
+    """Waits until the device memory DISCARD offloads and swaps gave up is back with the driver
+    (tagmem's own allocations wait for it by themselves; other allocators and processes do not)."""
     _errors.check(_lib.lib().tagmem_wait_released(_device(device)))
 
 

@@ -47,7 +47,7 @@ def resident(*names, mode=BACKUP, device=None):
 
 def wait_released(device=None):
     """tagmem.wait_released on `device` (default: the current CUDA device): returns once the
-    memory that DISCARD offloads gave up is back with the driver (for other processes, or for
+    memory that DISCARD offloads and swaps gave up is back with the driver (for other processes, or for
     PyTorch's own allocator)."""
     _api.wait_released(device_index(device))
 
