@@ -68,7 +68,10 @@ std::uint64_t moved_bytes(const std::vector<const char*>& tags) {
   return n;
 }
 
+// Free device memory once the releases a phase switch queued (Note [background release]) are
+// done: what the next phase has to work with. Called outside the timed region.
 double free_gib() {
+  ok(tagmem_wait_released(0), "tagmem_wait_released");
   tagmem_device_stats s{};
   ok(tagmem_device_stats_get(0, &s), "tagmem_device_stats_get");
   return s.device_free_bytes / GiB;
