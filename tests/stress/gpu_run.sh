@@ -7,7 +7,9 @@
 #      within 2 MiB (Soak.*);
 #   4. compute-sanitizer memcheck over the core GPU suite (tagmem_core_tests, Emulator* excluded):
 #      once over everything with API-error reports off (the Errors suite provokes out-of-memory
-#      on purpose), once over the rest with API-error reports on. Zero errors required.
+#      on purpose), once over the rest with API-error reports on. Zero errors required;
+#   5. processes that exit without tagmem_shutdown while the release or pinning thread is inside
+#      the driver (tests/stress/exit_probe.sh): every one must leave cleanly.
 # Full logs go to <out-dir>; a summary is printed last; the exit status is non-zero on any
 # failure.
 #
@@ -16,7 +18,8 @@
 # (compute-sanitizer, which needs the real driver, is then reported as not run). Knobs (defaults
 # for a GPU / for the emulator): TAGMEM_SOAK_SWITCHES (1000 / 40), TAGMEM_SOAK_WEIGHTS_MIB
 # (512 / 8), TAGMEM_SOAK_KV_MIB (8192 / 16), TAGMEM_OOM_MIB (4096 / 64), TAGMEM_STRESS_ROUNDS
-# (40 / 12), TAGMEM_STRESS_THREADS (6 / 4), TAGMEM_STRESS_MAX_KIB (4096 / 512).
+# (40 / 12), TAGMEM_STRESS_THREADS (6 / 4), TAGMEM_STRESS_MAX_KIB (4096 / 512),
+# TAGMEM_EXIT_RUNS (10 / 3) and TAGMEM_EXIT_MIB (16384 / 64) for the exit probe.
 set -uo pipefail
 build=$(cd "${1:?usage: gpu_run.sh <build-dir> <out-dir>}" && pwd)
 mkdir -p "${2:?usage: gpu_run.sh <build-dir> <out-dir>}"
@@ -24,8 +27,12 @@ out=$(cd "$2" && pwd)
 export NCCL_NVLS_ENABLE=0
 core=$build/tests/core/tagmem_core_tests
 stress=$build/tests/stress/tagmem_stress_tests
-for bin in "$core" "$stress"; do
-  [ -x "$bin" ] || { echo "missing $bin (build tagmem_core_tests and tagmem_stress_tests)"; exit 2; }
+probe=$build/tests/stress/tagmem_exit_probe
+for bin in "$core" "$stress" "$probe"; do
+  [ -x "$bin" ] || {
+    echo "missing $bin (build tagmem_core_tests, tagmem_stress_tests and tagmem_exit_probe)"
+    exit 2
+  }
 done
 
 if [[ "${TAGMEM_LIBCUDA:-}" == *tagmem_emu* ]]; then
@@ -44,6 +51,8 @@ export TAGMEM_OOM_MIB=${TAGMEM_OOM_MIB:-$(pick 4096 64)}
 export TAGMEM_STRESS_ROUNDS=${TAGMEM_STRESS_ROUNDS:-$(pick 40 12)}
 export TAGMEM_STRESS_THREADS=${TAGMEM_STRESS_THREADS:-$(pick 6 4)}
 export TAGMEM_STRESS_MAX_KIB=${TAGMEM_STRESS_MAX_KIB:-$(pick 4096 512)}
+export TAGMEM_EXIT_RUNS=${TAGMEM_EXIT_RUNS:-$(pick 10 3)}
+export TAGMEM_EXIT_MIB=${TAGMEM_EXIT_MIB:-$(pick 16384 64)}
 
 summary=()
 failed=0
@@ -60,7 +69,7 @@ step() {  # <name> <timeout-s> <log> <command...>
     summary+=("FAIL  $name (exit $rc after ${took}s; log: $log)")
     failed=1
   fi
-  grep -hE "^\[(oom|stress|soak)\]" "$log" | sed "s/^/      /" >>"$out/figures.txt" || true
+  grep -hE "^\[(oom|stress|soak)\]|^exit_probe" "$log" | sed "s/^/      /" >>"$out/figures.txt" || true
 }
 
 : >"$out/figures.txt"
@@ -76,6 +85,8 @@ step "out of memory (OutOfMemory.*)" 120 "$out/oom.log" "$stress" --gtest_filter
 step "multi-threaded stress (Stress.*)" 180 "$out/stress.log" "$stress" --gtest_filter='Stress.*'
 step "soak, $TAGMEM_SOAK_SWITCHES switches (Soak.*)" 300 "$out/soak.log" "$stress" \
   --gtest_filter='Soak.*'
+step "exit without shutdown, $TAGMEM_EXIT_RUNS runs a mode" 300 "$out/exit.log" \
+  bash "$(dirname "$0")/exit_probe.sh" "$probe" "$TAGMEM_EXIT_RUNS" "$TAGMEM_EXIT_MIB"
 
 if [ "$small" = 1 ]; then
   summary+=("----  compute-sanitizer: not run on the emulator (it needs the real driver)")
