@@ -3,12 +3,9 @@
 
 #include <limits>
 
+#include "byte_math.hpp"
+
 namespace tagmem {
-namespace {
-
-std::size_t round_up(std::size_t v, std::size_t to) { return (v + to - 1) / to * to; }
-
-}  // namespace
 
 bool block_pool::by_size::operator()(const block* a, const block* b) const {
   if (a->stream != b->stream) return std::less<CUstream>()(a->stream, b->stream);

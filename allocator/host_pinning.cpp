@@ -13,6 +13,7 @@
 #include <thread>
 #include <vector>
 
+#include "byte_math.hpp"
 #include "device.hpp"
 #include "driver/driver.hpp"
 
@@ -20,8 +21,6 @@ namespace tagmem {
 namespace {
 
 constexpr std::size_t kHuge = 2u << 20;
-
-std::size_t round_up(std::size_t v, std::size_t to) { return (v + to - 1) / to * to; }
 
 // A 2 MiB aligned anonymous mapping, so that huge pages can back all of it.
 char* map_aligned(std::size_t bytes) {

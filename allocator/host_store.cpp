@@ -11,6 +11,7 @@
 #include <string>
 #include <utility>
 
+#include "byte_math.hpp"
 #include "driver/driver.hpp"
 #include "error.hpp"
 
@@ -18,8 +19,6 @@ namespace tagmem {
 namespace {
 
 constexpr std::size_t kPage = 2u << 20;
-
-std::size_t round_up(std::size_t v, std::size_t to) { return (v + to - 1) / to * to; }
 
 }  // namespace
 

@@ -12,6 +12,7 @@
 #include "vm_arena.hpp"
 
 #include "address_index.hpp"
+#include "byte_math.hpp"
 #include "driver/driver.hpp"
 
 namespace tagmem {
@@ -83,7 +84,7 @@ CUdeviceptr vm_arena::allocate_va(std::size_t bytes) {
     return va;
   }
   std::size_t size = std::max(cfg_.arena_bytes, bytes);
-  size = (size + dev_.granularity() - 1) / dev_.granularity() * dev_.granularity();
+  size = round_up(size, dev_.granularity());
   CUdeviceptr hint =
       reservations_.empty() ? 0 : reservations_.back().base + reservations_.back().size;
   CUdeviceptr base = 0;
