@@ -69,7 +69,8 @@ step() {  # <name> <timeout-s> <log> <command...>
     summary+=("FAIL  $name (exit $rc after ${took}s; log: $log)")
     failed=1
   fi
-  grep -hE "^\[(oom|stress|soak)\]|^exit_probe" "$log" | sed "s/^/      /" >>"$out/figures.txt" || true
+  grep -hE "^\[(oom|stress|soak)\]|^exit_probe" "$log" | sed "s/^/      /" >>"$out/figures.txt" ||
+    true
 }
 
 : >"$out/figures.txt"

@@ -47,8 +47,8 @@ def resident(*names, mode=BACKUP, device=None):
 
 def wait_released(device=None):
     """tagmem.wait_released on `device` (default: the current CUDA device): returns once the
-    memory that DISCARD offloads and swaps gave up is back with the driver (for other processes, or for
-    PyTorch's own allocator)."""
+    memory that DISCARD offloads and swaps gave up is back with the driver (for other processes,
+    or for PyTorch's own allocator)."""
     _api.wait_released(device_index(device))
 
 
