@@ -6,7 +6,8 @@
  * breaks other interposers (one asking for its own "next" malloc could get itself back). So
  * these stubs ask a C router (dl_route.cpp) where to go, passing the caller's return address,
  * and then *jump* there with the original arguments and return address untouched: to the real
- * function for every symbol the shim does not care about, to the shim's own lookup otherwise.
+ * function for every symbol the shim does not care about and for every RTLD_NEXT lookup (Note
+ * [RTLD_NEXT is the linker's] in dl_route.cpp), to the shim's own lookup otherwise.
  */
 #if defined(__x86_64__)
 

@@ -1,10 +1,21 @@
 // dl_route.cpp — where the dlsym/dlvsym trampolines go (Note [dlsym tail jump] in dl_hooks.S).
 //
 // The routers run on every dlsym in the process, so they decide without locking or allocating:
-// anything but a driver symbol the shim may wrap (proc_address.hpp), and anything asked from
-// inside the shim, goes to the real function with the caller's own return address. A driver
-// symbol goes to the shim's lookup, which resolves it for real and lets proc_address decide,
-// from the caller remembered here, whether to hand out a wrapper.
+// anything but a driver symbol the shim may wrap (proc_address.hpp), anything asked from inside
+// the shim, and every RTLD_NEXT lookup go to the real function with the caller's own return
+// address. A driver symbol asked by handle or RTLD_DEFAULT goes to the shim's lookup, which
+// resolves it for real and lets proc_address decide, from the caller remembered here, whether to
+// hand out a wrapper.
+//
+// Note [RTLD_NEXT is the linker's]: "next" means after the object that called dlsym, and only
+// glibc can search from there: the shim's lookup calls dlsym itself, so an RTLD_NEXT search from
+// it starts after the shim. A library that defines a driver function and forwards to the next
+// definition (a tracer wrapping cuGetProcAddress_v2, loaded after the shim) would get its own
+// function back and recurse forever. So RTLD_NEXT lookups are never wrapped: glibc answers them
+// and returns straight to their caller. That loses nothing the shim needs: NCCL's CUDA runtime
+// finds the driver through a handle of libcuda (wrapped as before), and a library that asks
+// RTLD_NEXT for a driver function is an interposer in front of the driver, not a caller whose
+// allocations the shim records.
 #include <dlfcn.h>
 
 #include "proc_address.hpp"
@@ -34,16 +45,16 @@ void* lookup_dlvsym(void* handle, const char* name, const char* version) {
 using namespace tagmem::preload;
 
 extern "C" __attribute__((visibility("hidden"))) TAGMEM_PRELOAD_EARLY void*
-tagmem_preload_dlsym_route(void*, const char* name, const void* caller) {
-  if (reentry_guard::inside() || !driver_symbol_of_interest(name))
+tagmem_preload_dlsym_route(void* handle, const char* name, const void* caller) {
+  if (handle == RTLD_NEXT || reentry_guard::inside() || !driver_symbol_of_interest(name))
     return reinterpret_cast<void*>(real_dlsym());
   t_caller = caller;
   return reinterpret_cast<void*>(&lookup_dlsym);
 }
 
 extern "C" __attribute__((visibility("hidden"))) TAGMEM_PRELOAD_EARLY void*
-tagmem_preload_dlvsym_route(void*, const char* name, const char*, const void* caller) {
-  if (reentry_guard::inside() || !driver_symbol_of_interest(name))
+tagmem_preload_dlvsym_route(void* handle, const char* name, const char*, const void* caller) {
+  if (handle == RTLD_NEXT || reentry_guard::inside() || !driver_symbol_of_interest(name))
     return reinterpret_cast<void*>(real_dlvsym());
   t_caller = caller;
   return reinterpret_cast<void*>(&lookup_dlvsym);
