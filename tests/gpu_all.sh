@@ -6,10 +6,11 @@
 #   bash tests/gpu_all.sh core     core suite on the real driver, the demo, reliability (1 GPU)
 #   bash tests/gpu_all.sh bench    benchmarks/gpu_run.sh (1 GPU)
 #   bash tests/gpu_all.sh torch    tests/torch/gpu_run.sh, single GPU
+#   bash tests/gpu_all.sh shim     tests/preload/gpu_run.sh --one-gpu (1 GPU)
 #   bash tests/gpu_all.sh multi    tests/preload/gpu_run.sh and FSDP2 (2 GPUs)
 set -uo pipefail
 cd "$(dirname "$0")/.."
-part=${1:?usage: gpu_all.sh core|bench|torch|multi}
+part=${1:?usage: gpu_all.sh core|bench|torch|shim|multi}
 build=$PWD/.carry/build
 out=/tmp/gpu-out/$part
 mkdir -p "$out"
@@ -35,6 +36,7 @@ case $part in
     ;;
   bench) step bench 560 bash benchmarks/gpu_run.sh "$build" "$out/bench" ;;
   torch) step torch 560 bash tests/torch/gpu_run.sh "$build" "$out/torch" ;;
+  shim) step shim 420 bash tests/preload/gpu_run.sh "$build" "$out/shim" --one-gpu ;;
   multi)
     step preload 420 bash tests/preload/gpu_run.sh "$build" "$out/preload"
     step fsdp2 150 bash tests/torch/gpu_run.sh "$build" "$out/fsdp2" --two-gpu --only fsdp2

@@ -10,6 +10,19 @@
 // that never uses a tag pays nothing. Statically linked runtimes (NCCL's) never call these:
 // their allocations are caught at the driver (driver_wrappers.hpp).
 //
+// Note [cudaFree waits]: CUDA's cudaFree synchronizes the device before the memory can be used
+// again, and callers rely on it: PyTorch's caching allocator hands a block freed on a side
+// stream, whose kernels may still be running, to cudaFree in empty_cache() without recording
+// any event. tagmem_free is stream-ordered instead (another stream may reuse the block as soon
+// as the given stream's work is done, and the given stream at once), so freeing with the null
+// stream would let a new cudaMalloc hand out memory that old kernels still write. cudaFree
+// therefore first waits for every context it could matter to — the device that owns the
+// allocation and the runtime's current device — and frees only once they are idle; if a wait
+// fails (a sticky error), the memory is not freed and the error is returned, as cudaFree
+// returns errors of earlier asynchronous work. cudaFreeAsync is stream-ordered in CUDA too, and
+// tagmem_free(ptr, stream) gives exactly that order. cudaFreeHost is not interposed (pinned
+// host memory stays the runtime's), so it keeps CUDA's own behaviour.
+//
 // Errors keep the runtime's vocabulary: out of memory (also a tag that is offloaded, which a
 // caching allocator such as PyTorch's treats like any out-of-memory) is
 // cudaErrorMemoryAllocation, a bad argument or unknown pointer cudaErrorInvalidValue, anything
@@ -20,6 +33,7 @@
 #include <atomic>
 #include <cstdio>
 
+#include "device_wait.hpp"
 #include "real_symbols.hpp"
 #include "reentry_guard.hpp"
 #include "shim_config.hpp"
@@ -94,15 +108,40 @@ cudaError_t allocate(void** ptr, size_t size, cudaStream_t stream, const char* t
   return to_runtime_error(s);
 }
 
-// 1: tagmem freed it; 0: not tagmem's; -1 with *err set: tagmem's but not freeable.
-int try_free(void* ptr, cudaStream_t stream, cudaError_t* err) {
+// The runtime numbers the errors a synchronize reports (sticky faults of earlier work) as the
+// driver does.
+cudaError_t wait_error(CUresult r) {
+  if (config().log) std::fprintf(stderr, "[tagmem preload] cudaFree: device wait failed: %d\n", r);
+  return r == CUDA_ERROR_OUT_OF_MEMORY ? cudaErrorMemoryAllocation : static_cast<cudaError_t>(r);
+}
+
+// Note [cudaFree waits]: the owner's device, and the runtime's current one if another.
+CUresult wait_like_cuda_free(int owner, const void* caller) {
+  if (CUresult r = wait_for_device(owner); r != CUDA_SUCCESS) return r;
+  int current = runtime_device(caller);
+  if (current != TAGMEM_CURRENT_DEVICE && current != owner) return wait_for_device(current);
+  return CUDA_SUCCESS;
+}
+
+enum class free_order { device_wide, on_stream };
+
+// 1: tagmem freed it; 0: not tagmem's; -1 with *err set: tagmem's but not freed.
+int try_free(void* ptr, cudaStream_t stream, free_order order, const void* caller,
+             cudaError_t* err) {
   if (!ptr || !g_served.load(std::memory_order_relaxed)) return 0;
   reentry_guard guard;
   void* base = nullptr;
-  if (tagmem_pointer_info(ptr, nullptr, 0, nullptr, &base, nullptr) != TAGMEM_SUCCESS) return 0;
+  int device = 0;
+  if (tagmem_pointer_info(ptr, nullptr, 0, &device, &base, nullptr) != TAGMEM_SUCCESS) return 0;
   if (base != ptr) {
     *err = cudaErrorInvalidValue;  // inside an allocation, not its start: the runtime says so too
     return -1;
+  }
+  if (order == free_order::device_wide) {
+    if (CUresult r = wait_like_cuda_free(device, caller); r != CUDA_SUCCESS) {
+      *err = wait_error(r);
+      return -1;
+    }
   }
   *err = to_runtime_error(tagmem_free(ptr, reinterpret_cast<tagmem_stream>(stream)));
   return 1;
@@ -143,16 +182,20 @@ extern "C" __attribute__((visibility("default"))) cudaError_t cudaMallocAsync(vo
 }
 
 extern "C" __attribute__((visibility("default"))) cudaError_t cudaFree(void* ptr) {
+  const void* caller = __builtin_return_address(0);
   cudaError_t err = cudaSuccess;
-  if (!reentry_guard::inside() && try_free(ptr, nullptr, &err) != 0) return err;
+  if (!reentry_guard::inside() && try_free(ptr, nullptr, free_order::device_wide, caller, &err))
+    return err;
   TAGMEM_NEXT(free_fn, "cudaFree");
   return real(ptr);
 }
 
 extern "C" __attribute__((visibility("default"))) cudaError_t cudaFreeAsync(void* ptr,
                                                                             cudaStream_t stream) {
+  const void* caller = __builtin_return_address(0);
   cudaError_t err = cudaSuccess;
-  if (!reentry_guard::inside() && try_free(ptr, stream, &err) != 0) return err;
+  if (!reentry_guard::inside() && try_free(ptr, stream, free_order::on_stream, caller, &err))
+    return err;
   TAGMEM_NEXT(free_async_fn, "cudaFreeAsync");
   return real(ptr, stream);
 }

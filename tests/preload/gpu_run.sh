@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# gpu_run.sh <build-dir> <out-dir> — the GPU checks of issue 5 (LD_PRELOAD shim, NCCL memory).
+# gpu_run.sh <build-dir> <out-dir> [--one-gpu] — the GPU checks of the LD_PRELOAD shim and NCCL
+# memory.
 #
 # On a machine with 2 GPUs, PyTorch and NCCL (TAGMEM_LIBCUDA unset):
 #   emu-preload-tests        the CI suite of tests/preload on the emulated driver (if built)
@@ -13,6 +14,11 @@
 #                            cuMemAlloc with virtual memory (TAGMEM_NCCL_CUMEMALLOC=vmm): reported
 #   runtime-default-tag      an unmodified PyTorch workload under the shim with a default tag,
 #                            offloaded/reloaded through the C API (values and addresses kept)
+#   free-ordering            PyTorch under the shim with a default tag: a tensor freed on a side
+#                            stream while its kernels run, empty_cache(), a new tensor on the
+#                            default stream; not one byte of it may be overwritten (5 trials)
+# --one-gpu runs only what needs a single GPU (the emulator suite, runtime-default-tag and
+# free-ordering) and reports the two-rank NCCL phases as SKIP.
 # With TAGMEM_LIBCUDA set (emulated driver) only the emulator suite runs; the PyTorch phases
 # are reported as SKIP (they need a real GPU), never as passed.
 #
@@ -27,8 +33,11 @@
 # status is non-zero if any phase failed.
 set -uo pipefail
 
-if [ $# -ne 2 ]; then
-  echo "usage: $0 <build-dir> <out-dir>" >&2
+ONE_GPU=0
+if [ $# -eq 3 ] && [ "$3" = --one-gpu ]; then
+  ONE_GPU=1
+elif [ $# -ne 2 ]; then
+  echo "usage: $0 <build-dir> <out-dir> [--one-gpu]" >&2
   exit 2
 fi
 BUILD=$(cd "$1" && pwd) || exit 2
@@ -78,9 +87,11 @@ fi
 if [ -x "$TESTS" ] && [ -f "$EMU" ]; then
   RDV=$(mktemp -d /tmp/tagmem-preload-XXXXXX)
   EMU_ENV=(LD_PRELOAD="$SHIM" TAGMEM_LIBCUDA="$EMU" TAGMEM_PRELOAD_DRIVER_CALLERS=tagmem_preload_tests
-           LD_LIBRARY_PATH="$BUILD/tests/preload${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+           LD_LIBRARY_PATH="$BUILD/tests/preload:${EMU%/*}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
            TAGMEM_NCCL_DIR="$RDV/rdv" TAGMEM_NCCL_CUMEMALLOC=vmm)
-  run_phase emu-preload-tests env "${EMU_ENV[@]}" "$TESTS" --gtest_filter=-RuntimeDefaultTag.*
+  run_phase emu-preload-tests env "${EMU_ENV[@]}" "$TESTS" \
+    --gtest_filter=-RuntimeDefaultTag.*:DlsymNext.*
+  run_phase emu-preload-rtld-next env "${EMU_ENV[@]}" "$TESTS" --gtest_filter=DlsymNext.*
   run_phase emu-preload-default-tag env "${EMU_ENV[@]}" TAGMEM_PRELOAD_TAG=everything "$TESTS" \
     --gtest_filter=RuntimeDefaultTag.*
   rm -rf "$RDV"
@@ -89,15 +100,27 @@ else
 fi
 
 # ---- PyTorch + NCCL on real GPUs ---------------------------------------------------------------
+NCCL_PHASES=(baseline-cumem1 pause-cumem1 baseline-cumem0 pause-cumem0 pause-cumem0-vmm)
+ONE_GPU_PHASES=(runtime-default-tag free-ordering)
+GPUS_NEEDED=2
+[ $ONE_GPU -eq 1 ] && GPUS_NEEDED=1
+one_gpu_phases() {
+  run_phase runtime-default-tag env LD_PRELOAD="$SHIM" TAGMEM_PRELOAD_TAG=torch \
+    CUDA_VISIBLE_DEVICES=0 "$PY" "$HERE/torch_runtime_offload.py" --elems $((ELEMS * 4)) --cycles 5
+  run_phase free-ordering env LD_PRELOAD="$SHIM" TAGMEM_PRELOAD_TAG=torch \
+    CUDA_VISIBLE_DEVICES=0 "$PY" "$HERE/torch_free_ordering.py" --trials 5
+}
 if [ -n "${TAGMEM_LIBCUDA:-}" ]; then
-  for p in baseline-cumem1 pause-cumem1 baseline-cumem0 pause-cumem0 pause-cumem0-vmm \
-           runtime-default-tag; do
+  for p in "${NCCL_PHASES[@]}" "${ONE_GPU_PHASES[@]}"; do
     skip_phase "$p" "TAGMEM_LIBCUDA is set: PyTorch and NCCL need a real GPU"
   done
-elif ! "$PY" -c 'import torch, sys; sys.exit(0 if torch.cuda.device_count() >= 2 else 1)' \
+elif ! "$PY" -c "import torch, sys; sys.exit(torch.cuda.device_count() < $GPUS_NEEDED)" \
     >"$OUT/torch-check.log" 2>&1; then
-  SUMMARY+=("FAIL  torch-check (PyTorch with 2 visible GPUs is required; see $OUT/torch-check.log)")
+  SUMMARY+=("FAIL  torch-check (PyTorch with $GPUS_NEEDED GPU(s) needed; see $OUT/torch-check.log)")
   FAILED=1
+elif [ $ONE_GPU -eq 1 ]; then
+  for p in "${NCCL_PHASES[@]}"; do skip_phase "$p" "--one-gpu: the NCCL job needs 2 GPUs"; done
+  one_gpu_phases
 else
   RUN=("$PY" -m torch.distributed.run --standalone --nproc_per_node=2)
   for cumem in 1 0; do
@@ -119,19 +142,20 @@ else
     LD_PRELOAD="$SHIM" TAGMEM_NCCL_GROUP="tagmem-gpu-$$-vmm" "${RUN[@]}" \
     "$HERE/torch_nccl_pause.py" --mode pause --elems "$ELEMS" --cycles "$CYCLES" \
     --out "$OUT/pause-cumem0-vmm" --baseline "$OUT/baseline-cumem0" --require-share 0
-  run_phase runtime-default-tag env LD_PRELOAD="$SHIM" TAGMEM_PRELOAD_TAG=torch \
-    CUDA_VISIBLE_DEVICES=0 "$PY" "$HERE/torch_runtime_offload.py" --elems $((ELEMS * 4)) --cycles 5
+  one_gpu_phases
 fi
 
 # ---- summary -----------------------------------------------------------------------------------
 echo
-echo "==== tagmem issue 5 GPU run: $(date -u +%FT%TZ), $(hostname), logs in $OUT"
+echo "==== tagmem preload GPU run: $(date -u +%FT%TZ), $(hostname), logs in $OUT"
 for p in pause-cumem1 pause-cumem0 pause-cumem0-vmm; do
   [ -f "$OUT/$p.log" ] && grep -h -E '^\[rank [0-9]+\] (NCCL holds|pause gave back|FAIL)' "$OUT/$p.log" \
     | sed "s/^/  $p: /"
 done
 [ -f "$OUT/runtime-default-tag.log" ] && grep -h -E '^(tag |cycle 1:|runtime offload|FAIL)' \
   "$OUT/runtime-default-tag.log" | sed 's/^/  runtime-default-tag: /'
+[ -f "$OUT/free-ordering.log" ] && grep -h -E '^(free ordering|FAIL)' "$OUT/free-ordering.log" \
+  | sed 's/^/  free-ordering: /'
 for line in "${SUMMARY[@]}"; do echo "$line"; done
 ran=$(printf '%s\n' "${SUMMARY[@]}" | grep -c -E '^(PASS|FAIL)')
 skipped=$(printf '%s\n' "${SUMMARY[@]}" | grep -c '^SKIP')

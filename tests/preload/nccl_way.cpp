@@ -95,6 +95,7 @@ std::uint64_t emu_live_mappings() {
 void emu_fail_call(const char* entry, std::uint64_t nth, CUresult error) {
   emu_fn<int (*)(const char*, std::uint64_t, CUresult)>("tagmem_emu_fail_call")(entry, nth, error);
 }
+void emu_clear_faults() { emu_fn<void (*)()>("tagmem_emu_clear_faults")(); }
 void emu_set_copy_bytes_per_second(std::uint64_t bps) {
   emu_fn<void (*)(std::uint64_t)>("tagmem_emu_set_copy_bytes_per_second")(bps);
 }

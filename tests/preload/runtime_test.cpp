@@ -1,12 +1,16 @@
 // runtime_test.cpp — the cudaMalloc/cudaFree interposers, over a stand-in for a dynamically
 // linked CUDA runtime (fake_cudart.c): inside a tag scope (or with TAGMEM_PRELOAD_TAG) memory
 // comes from tagmem and survives offload/reload at the same address; otherwise the runtime's
-// own function serves it untouched.
+// own function serves it untouched. cudaFree and cudaFreeAsync keep CUDA's ordering against
+// work still queued on other streams.
 #include <dlfcn.h>
 #include <gtest/gtest.h>
 
 #include <cstdlib>
 #include <cstring>
+#include <stdexcept>
+#include <string>
+#include <vector>
 
 #include "nccl_way.hpp"
 #include "tagmem/tagmem.h"
@@ -130,6 +134,118 @@ TEST_F(Runtime, CudaMallocInAnOffloadedTagIsOutOfMemory) {
   // The discarded memory goes back to the driver on a background thread; later tests in this
   // process count the driver's live allocations, so it must be back before this test ends.
   EXPECT_EQ(tm().wait_released(0), TAGMEM_SUCCESS);
+}
+
+// Note [queued writer]: a non-blocking stream with many slowed copies queued, each writing
+// `old` over the whole allocation — PyTorch's side-stream kernels still running when their
+// tensor is freed. It is not ordered with the legacy default stream.
+class queued_writer {
+ public:
+  queued_writer(void* dst, std::size_t size, std::uint64_t seed) : old_(pattern(seed, size)) {
+    check(nccl().cuStreamCreate(&stream_, CU_STREAM_NON_BLOCKING), "cuStreamCreate");
+    emu_set_copy_bytes_per_second(256 * MiB);  // each copy then keeps the stream busy a while
+    for (int i = 0; i < kCopies; ++i) {
+      check(
+          nccl().cuMemcpyHtoDAsync(reinterpret_cast<CUdeviceptr>(dst), old_.data(), size, stream_),
+          "cuMemcpyHtoDAsync");
+    }
+  }
+  ~queued_writer() {
+    nccl().cuStreamSynchronize(stream_);
+    nccl().cuStreamDestroy(stream_);
+    emu_set_copy_bytes_per_second(0);
+  }
+  queued_writer(const queued_writer&) = delete;
+  queued_writer& operator=(const queued_writer&) = delete;
+
+  CUstream stream() const { return stream_; }
+  void finish() { check(nccl().cuStreamSynchronize(stream_), "cuStreamSynchronize"); }
+
+ private:
+  static constexpr int kCopies = 16;
+  static void check(CUresult r, const char* call) {
+    if (r != CUDA_SUCCESS) throw std::runtime_error(std::string(call) + ": " + std::to_string(r));
+  }
+  std::vector<unsigned char> old_;
+  CUstream stream_ = nullptr;
+};
+
+std::size_t differing_bytes(const std::vector<unsigned char>& a,
+                            const std::vector<unsigned char>& b) {
+  std::size_t n = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) n += a[i] != b[i];
+  return n;
+}
+
+// Note [cudaFree waits] in runtime_hooks.cpp.
+TEST_F(Runtime, CudaFreeWaitsForOtherStreamsBeforeCudaMallocReusesTheMemory) {
+  constexpr std::size_t size = 8 * MiB;
+  ASSERT_EQ(tm().push("rt-free-order"), TAGMEM_SUCCESS);
+  void* p = nullptr;
+  ASSERT_EQ(cudaMalloc(&p, size), 0);
+  void* q = nullptr;
+  const auto fresh = pattern(61, size);
+  std::vector<unsigned char> seen;
+  {
+    queued_writer old_work(p, size, 60);
+    ASSERT_EQ(cudaFree(p), 0);
+    ASSERT_EQ(cudaMalloc(&q, size), 0);
+    ASSERT_EQ(q, p) << "the freed block must be the one reused, or this checks nothing";
+    write_bytes(view(q, size), 0, fresh);  // legacy default stream, like PyTorch's new tensor
+    old_work.finish();
+    seen = read_bytes(view(q, size), 0, size);
+  }
+  ASSERT_EQ(tm().pop(), TAGMEM_SUCCESS);
+  EXPECT_EQ(differing_bytes(seen, fresh), 0u)
+      << "bytes of the new allocation overwritten by work queued before cudaFree";
+  EXPECT_EQ(cudaFree(q), 0);
+}
+
+TEST_F(Runtime, CudaFreeAsyncIsOrderedOnItsStream) {
+  constexpr std::size_t size = 8 * MiB;
+  ASSERT_EQ(tm().push("rt-free-async"), TAGMEM_SUCCESS);
+  CUstream other = nullptr;
+  ASSERT_EQ(nccl().cuStreamCreate(&other, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+  void* p = nullptr;
+  void* q = nullptr;
+  const auto fresh = pattern(63, size);
+  std::vector<unsigned char> seen;
+  {
+    void* first = nullptr;
+    ASSERT_EQ(cudaMallocAsync(&first, size, nullptr), 0);  // the writer's stream is made below
+    queued_writer old_work(first, size, 62);
+    p = first;
+    ASSERT_EQ(cudaFreeAsync(p, old_work.stream()), 0);
+    ASSERT_EQ(cudaMallocAsync(&q, size, other), 0);
+    ASSERT_EQ(q, p) << "the freed block must be the one reused, or this checks nothing";
+    ASSERT_EQ(nccl().cuMemcpyHtoDAsync(reinterpret_cast<CUdeviceptr>(q), fresh.data(), size, other),
+              CUDA_SUCCESS);
+    ASSERT_EQ(nccl().cuStreamSynchronize(other), CUDA_SUCCESS);
+    old_work.finish();
+    seen = read_bytes(view(q, size), 0, size);
+  }
+  ASSERT_EQ(tm().pop(), TAGMEM_SUCCESS);
+  EXPECT_EQ(differing_bytes(seen, fresh), 0u)
+      << "the other stream must wait for the freeing stream's earlier work";
+  EXPECT_EQ(cudaFreeAsync(q, other), 0);
+  EXPECT_EQ(nccl().cuStreamSynchronize(other), CUDA_SUCCESS);
+  EXPECT_EQ(nccl().cuStreamDestroy(other), CUDA_SUCCESS);
+}
+
+TEST_F(Runtime, CudaFreeWhoseDeviceWaitFailsReturnsTheErrorAndKeepsTheMemory) {
+  ASSERT_EQ(tm().push("rt-free-error"), TAGMEM_SUCCESS);
+  void* p = nullptr;
+  ASSERT_EQ(cudaMalloc(&p, MiB), 0);
+  ASSERT_EQ(tm().pop(), TAGMEM_SUCCESS);
+  const auto bytes = pattern(64, MiB);
+  write_bytes(view(p, MiB), 0, bytes);
+  emu_fail_call("cuCtxSynchronize", 1, CUDA_ERROR_LAUNCH_FAILED);
+  EXPECT_EQ(cudaFree(p), 719) << "cudaErrorLaunchFailure, an earlier kernel's error";
+  emu_clear_faults();  // had cudaFree not waited, the fault would hit a later test
+  EXPECT_EQ(tag_of(p), "rt-free-error") << "not freed: the device may still use it";
+  EXPECT_EQ(read_bytes(view(p, MiB), 0, MiB), bytes);
+  EXPECT_EQ(cudaFree(p), 0);
+  EXPECT_EQ(tag_of(p), "");
 }
 
 TEST(RuntimeDefaultTag, EveryCudaMallocGoesToTheDefaultTagUnlessAScopeSaysOtherwise) {
