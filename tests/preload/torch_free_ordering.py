@@ -24,6 +24,11 @@ MiB = 1 << 20
 
 
 def trial(dev, nbytes, kernels, seed):
+    # Start every trial from an empty cache, as the first one does: blocks cached by the last
+    # trial would otherwise be freed by this trial's empty_cache() too, and the new tensor could
+    # land on one of them instead of on the block the side stream is still writing.
+    torch.cuda.synchronize(dev)
+    torch.cuda.empty_cache()
     g = torch.Generator(device=dev)
     g.manual_seed(seed)
     reference = torch.randint(0, 256, (nbytes,), generator=g, device=dev, dtype=torch.uint8)
