@@ -13,6 +13,7 @@
 #include "address_index.hpp"
 #include "c_error.hpp"
 #include "driver/driver.hpp"
+#include "host_view.hpp"
 #include "registry.hpp"
 #include "tag_scope.hpp"
 #include "tagmem/tagmem.h"
@@ -291,6 +292,26 @@ tagmem_status tagmem_list_tags(int device, char (*names)[TAGMEM_MAX_TAG_NAME + 1
       names[i][TAGMEM_MAX_TAG_NAME] = '\0';
     }
     *count = list.size();
+  });
+}
+
+tagmem_status tagmem_host_view(const void* ptr, int flags, void** host, size_t* bytes) {
+  return guarded([&](registry&) {
+    expect_non_null(host, "host");
+    expect_non_null(bytes, "bytes");
+    TAGMEM_EXPECTS((flags & ~TAGMEM_HOST_VIEW_WRITABLE) == 0, TAGMEM_ERROR_INVALID_ARGUMENT,
+                   "tagmem_host_view: unknown flags " + std::to_string(flags));
+    auto address = reinterpret_cast<CUdeviceptr>(ptr);
+    tagmem::tag* t = global_address_index().find(address);
+    TAGMEM_EXPECTS(t, TAGMEM_ERROR_UNKNOWN_POINTER,
+                   "tagmem_host_view: pointer was not allocated by tagmem");
+    std::lock_guard lock(t->mutex());
+    block* b = t->pool().find_containing(address);
+    TAGMEM_EXPECTS(b && address < b->ptr + b->requested, TAGMEM_ERROR_UNKNOWN_POINTER,
+                   "tagmem_host_view: pointer is not inside a live allocation");
+    host_span span = backup_span(*t, address, b->ptr + b->requested);
+    *host = span.host;
+    *bytes = span.bytes;
   });
 }
 
