@@ -4,6 +4,7 @@
 // a thread-local message, so no C caller ever sees an exception or an abort. The registry is
 // created on first use (or by tagmem_init with a configuration) and destroyed by
 // tagmem_shutdown; a process-wide shared lock keeps shutdown from racing with other calls.
+#include <atomic>
 #include <cstring>
 #include <mutex>
 #include <new>
@@ -93,11 +94,27 @@ void expect_non_null(const void* p, const char* what) {
   TAGMEM_EXPECTS(p != nullptr, TAGMEM_ERROR_INVALID_ARGUMENT, std::string(what) + " is NULL");
 }
 
+std::atomic<std::size_t> g_memory_margin{0};  // tagmem_set_memory_margin
+
+// Refuses `size` bytes on `d` when the driver's free memory would fall below the margin.
+void check_margin(registry& r, int d, std::size_t size) {
+  const std::size_t margin = g_memory_margin.load(std::memory_order_relaxed);
+  if (margin == 0) return;
+  std::size_t free_bytes = 0, total_bytes = 0;
+  r.dev(d).memory_info(&free_bytes, &total_bytes);
+  TAGMEM_EXPECTS(free_bytes >= margin && free_bytes - margin >= size, TAGMEM_ERROR_OUT_OF_MEMORY,
+                 "allocation of " + std::to_string(size) + " bytes refused: the device has " +
+                     std::to_string(free_bytes) + " bytes free and the memory margin is " +
+                     std::to_string(margin));
+}
+
 void malloc_in(registry& r, void** ptr, std::size_t size, const char* name, int device,
                tagmem_stream stream) {
   expect_non_null(ptr, "ptr");
   *ptr = nullptr;
-  *ptr = r.allocate(size, name, r.resolve_device(device), stream);
+  const int d = r.resolve_device(device);
+  check_margin(r, d, size);
+  *ptr = r.allocate(size, name, d, stream);
 }
 
 }  // namespace
@@ -314,5 +331,11 @@ tagmem_status tagmem_host_view(const void* ptr, int flags, void** host, size_t* 
     *bytes = span.bytes;
   });
 }
+
+void tagmem_set_memory_margin(size_t bytes) {
+  g_memory_margin.store(bytes, std::memory_order_relaxed);
+}
+
+size_t tagmem_memory_margin(void) { return g_memory_margin.load(std::memory_order_relaxed); }
 
 }  // extern "C"

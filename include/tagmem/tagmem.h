@@ -223,6 +223,18 @@ TAGMEM_API tagmem_status tagmem_host_reserve(size_t bytes, int wait);
  * are freed. */
 TAGMEM_API tagmem_status tagmem_host_trim(size_t keep_bytes);
 
+/* ---- free-memory margin --------------------------------------------------------------------- */
+
+/* Makes every later tagmem_malloc / tagmem_malloc_tagged fail with OUT_OF_MEMORY when the
+ * device's free memory (as the driver reports it) minus the request would drop below `bytes`,
+ * leaving room for other allocators and processes. The check runs before the cache is consulted,
+ * so it may refuse a request the cache could have served. 0 (the default) turns it off.
+ * Process-wide, all devices. Never fails. Thread-safe. */
+TAGMEM_API void tagmem_set_memory_margin(size_t bytes);
+
+/* The margin set by tagmem_set_memory_margin (0: none). Thread-safe. */
+TAGMEM_API size_t tagmem_memory_margin(void);
+
 /* ---- offloaded bytes on the host ------------------------------------------------------------ */
 
 /* tagmem_host_view flags: without TAGMEM_HOST_VIEW_WRITABLE the caller promises only to read. */
