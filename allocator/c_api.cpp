@@ -4,6 +4,7 @@
 // a thread-local message, so no C caller ever sees an exception or an abort. The registry is
 // created on first use (or by tagmem_init with a configuration) and destroyed by
 // tagmem_shutdown; a process-wide shared lock keeps shutdown from racing with other calls.
+#include <atomic>
 #include <cstring>
 #include <mutex>
 #include <new>
@@ -13,6 +14,7 @@
 #include "address_index.hpp"
 #include "c_error.hpp"
 #include "driver/driver.hpp"
+#include "host_view.hpp"
 #include "registry.hpp"
 #include "tag_scope.hpp"
 #include "tagmem/tagmem.h"
@@ -92,11 +94,27 @@ void expect_non_null(const void* p, const char* what) {
   TAGMEM_EXPECTS(p != nullptr, TAGMEM_ERROR_INVALID_ARGUMENT, std::string(what) + " is NULL");
 }
 
+std::atomic<std::size_t> g_memory_margin{0};  // tagmem_set_memory_margin
+
+// Refuses `size` bytes on `d` when the driver's free memory would fall below the margin.
+void check_margin(registry& r, int d, std::size_t size) {
+  const std::size_t margin = g_memory_margin.load(std::memory_order_relaxed);
+  if (margin == 0) return;
+  std::size_t free_bytes = 0, total_bytes = 0;
+  r.dev(d).memory_info(&free_bytes, &total_bytes);
+  TAGMEM_EXPECTS(free_bytes >= margin && free_bytes - margin >= size, TAGMEM_ERROR_OUT_OF_MEMORY,
+                 "allocation of " + std::to_string(size) + " bytes refused: the device has " +
+                     std::to_string(free_bytes) + " bytes free and the memory margin is " +
+                     std::to_string(margin));
+}
+
 void malloc_in(registry& r, void** ptr, std::size_t size, const char* name, int device,
                tagmem_stream stream) {
   expect_non_null(ptr, "ptr");
   *ptr = nullptr;
-  *ptr = r.allocate(size, name, r.resolve_device(device), stream);
+  const int d = r.resolve_device(device);
+  check_margin(r, d, size);
+  *ptr = r.allocate(size, name, d, stream);
 }
 
 }  // namespace
@@ -293,5 +311,31 @@ tagmem_status tagmem_list_tags(int device, char (*names)[TAGMEM_MAX_TAG_NAME + 1
     *count = list.size();
   });
 }
+
+tagmem_status tagmem_host_view(const void* ptr, int flags, void** host, size_t* bytes) {
+  return guarded([&](registry&) {
+    expect_non_null(host, "host");
+    expect_non_null(bytes, "bytes");
+    TAGMEM_EXPECTS((flags & ~TAGMEM_HOST_VIEW_WRITABLE) == 0, TAGMEM_ERROR_INVALID_ARGUMENT,
+                   "tagmem_host_view: unknown flags " + std::to_string(flags));
+    auto address = reinterpret_cast<CUdeviceptr>(ptr);
+    tagmem::tag* t = global_address_index().find(address);
+    TAGMEM_EXPECTS(t, TAGMEM_ERROR_UNKNOWN_POINTER,
+                   "tagmem_host_view: pointer was not allocated by tagmem");
+    std::lock_guard lock(t->mutex());
+    block* b = t->pool().find_containing(address);
+    TAGMEM_EXPECTS(b && address < b->ptr + b->requested, TAGMEM_ERROR_UNKNOWN_POINTER,
+                   "tagmem_host_view: pointer is not inside a live allocation");
+    host_span span = backup_span(*t, address, b->ptr + b->requested);
+    *host = span.host;
+    *bytes = span.bytes;
+  });
+}
+
+void tagmem_set_memory_margin(size_t bytes) {
+  g_memory_margin.store(bytes, std::memory_order_relaxed);
+}
+
+size_t tagmem_memory_margin(void) { return g_memory_margin.load(std::memory_order_relaxed); }
 
 }  // extern "C"

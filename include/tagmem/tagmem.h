@@ -223,6 +223,41 @@ TAGMEM_API tagmem_status tagmem_host_reserve(size_t bytes, int wait);
  * are freed. */
 TAGMEM_API tagmem_status tagmem_host_trim(size_t keep_bytes);
 
+/* ---- free-memory margin --------------------------------------------------------------------- */
+
+/* Makes every later tagmem_malloc / tagmem_malloc_tagged fail with OUT_OF_MEMORY when the
+ * device's free memory (as the driver reports it) minus the request would drop below `bytes`,
+ * leaving room for other allocators and processes. The check runs before the cache is consulted,
+ * so it may refuse a request the cache could have served. 0 (the default) turns it off.
+ * Process-wide, all devices. Never fails. Thread-safe. */
+TAGMEM_API void tagmem_set_memory_margin(size_t bytes);
+
+/* The margin set by tagmem_set_memory_margin (0: none). Thread-safe. */
+TAGMEM_API size_t tagmem_memory_margin(void);
+
+/* ---- offloaded bytes on the host ------------------------------------------------------------ */
+
+/* tagmem_host_view flags: without TAGMEM_HOST_VIEW_WRITABLE the caller promises only to read. */
+#define TAGMEM_HOST_VIEW_WRITABLE 1
+
+/* Where the bytes of an offloaded allocation wait in the pinned host store, so a checkpoint or a
+ * weight broadcast reads them without a reload. `ptr` is any address inside a live allocation
+ * whose tag is offloaded with TAGMEM_BACKUP. *host receives the host address of the byte at
+ * `ptr`, *bytes the number of bytes from there that are contiguous in host memory, at most up to
+ * the end of the allocation (its requested size). The backup of one allocation may lie in several
+ * host pieces (the store hands out extents, copies are cut into TAGMEM_COPY_PIECE_BYTES pieces):
+ * when *bytes is less than what remains of the allocation, call again at ptr + *bytes for the
+ * next piece. With TAGMEM_HOST_VIEW_WRITABLE the caller may write through the view and the
+ * reload restores what was written; otherwise writing is not allowed.
+ * The view is valid until the tag is reloaded (or swapped in), the allocation is freed, or
+ * tagmem_shutdown(); tagmem_host_trim() never frees store memory that holds a backup. The caller
+ * must keep those from racing with its use of the view.
+ * Errors: INVALID_ARGUMENT (null out-pointer, unknown flag bits), UNKNOWN_POINTER (not inside a
+ * live tagmem allocation), TAG_RESIDENT (the tag is resident, or its offload stopped part way
+ * and some of its bytes are still on the device), TAG_OFFLOADED (offloaded with TAGMEM_DISCARD:
+ * no bytes were kept). On failure *host and *bytes are left unchanged. Thread-safe. */
+TAGMEM_API tagmem_status tagmem_host_view(const void* ptr, int flags, void** host, size_t* bytes);
+
 /* ---- statistics ---------------------------------------------------------------------------- */
 
 /* Statistics of one tag. Errors: INVALID_ARGUMENT (null out), UNKNOWN_TAG. */

@@ -2,8 +2,9 @@
 // linked CUDA runtime (PyTorch's), routed to tagmem or passed through.
 //
 // An allocation goes to tagmem when the calling thread is inside a tag scope
-// (tagmem_push_tag), into that tag, or else when TAGMEM_PRELOAD_TAG names a default tag; every
-// other call goes to the runtime's own function untouched. The device is the runtime's current
+// (tagmem_push_tag), into that tag, or else when TAGMEM_PRELOAD_TAG names a default tag, unless
+// the thread overrode the decision (thread_routing.hpp); every other call goes to the runtime's
+// own function untouched. The device is the runtime's current
 // one (cudaGetDevice), the stream the one given (the legacy default stream for cudaMalloc).
 // A free goes to tagmem when the pointer is the start of a tagmem allocation, to the runtime
 // otherwise; until tagmem has served any allocation no free is checked at all, so a process
@@ -39,6 +40,8 @@
 #include "shim_config.hpp"
 #include "tag_scope.hpp"
 #include "tagmem/tagmem.h"
+#include "tagmem/tagmem_preload.h"
+#include "thread_routing.hpp"
 
 namespace tagmem::preload {
 namespace {
@@ -55,13 +58,6 @@ template <class F>
 F next(const char* name, const void* caller) {
   static_assert(sizeof(F) == sizeof(void*));
   return reinterpret_cast<F>(next_runtime_symbol(name, caller));
-}
-
-// The tag a new allocation goes to, or null for the runtime.
-const char* routing_tag() {
-  if (!scope_empty()) return current_tag();
-  const std::string& t = config().default_tag;
-  return t.empty() ? nullptr : t.c_str();
 }
 
 int runtime_device(const void* caller) {
@@ -148,6 +144,15 @@ int try_free(void* ptr, cudaStream_t stream, free_order order, const void* calle
 }
 
 }  // namespace
+
+const char* routing_tag() {
+  const int mode = thread_routing();
+  if (mode == TAGMEM_PRELOAD_ROUTE_OFF) return nullptr;
+  if (mode == TAGMEM_PRELOAD_ROUTE_ON || !scope_empty()) return current_tag();
+  const std::string& t = config().default_tag;
+  return t.empty() ? nullptr : t.c_str();
+}
+
 }  // namespace tagmem::preload
 
 using namespace tagmem::preload;

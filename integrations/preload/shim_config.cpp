@@ -2,6 +2,7 @@
 #include "shim_config.hpp"
 
 #include <dlfcn.h>
+#include <strings.h>
 
 #include <cstdio>
 #include <cstdlib>
@@ -28,6 +29,9 @@ std::vector<std::string> split(const char* s) {
   return out;
 }
 
+// torch_memory_saver's reading of a boolean variable: "1" or "true" in any case.
+bool truthy(const char* v) { return v && (std::strcmp(v, "1") == 0 || strcasecmp(v, "true") == 0); }
+
 struct decision {
   const void* base;
   bool record;
@@ -42,7 +46,11 @@ int g_cached = 0;
 const shim_config& config() {
   static const shim_config* cfg = [] {
     auto* c = new shim_config;
-    if (const char* t = std::getenv("TAGMEM_PRELOAD_TAG"); t && *t) c->default_tag = t;
+    if (const char* t = std::getenv("TAGMEM_PRELOAD_TAG"); t && *t) {
+      c->default_tag = t;
+    } else if (truthy(std::getenv("TMS_INIT_ENABLE"))) {
+      c->default_tag = "default";  // torch_memory_saver's "every cudaMalloc is pausable"
+    }
     const char* callers = std::getenv("TAGMEM_PRELOAD_DRIVER_CALLERS");
     c->driver_callers = split(callers && *callers ? callers : "libnccl");
     for (const auto& s : c->driver_callers) c->all_callers |= s == "*";

@@ -2,6 +2,8 @@
 //
 //  TAGMEM_PRELOAD_TAG            route every cudaMalloc/cudaMallocAsync of the process to this
 //                                tag (default: only calls made inside a tag scope go to tagmem)
+//  TMS_INIT_ENABLE               1 or true, with TAGMEM_PRELOAD_TAG unset: as TAGMEM_PRELOAD_TAG=
+//                                default (torch_memory_saver's variable, set by its callers)
 //  TAGMEM_PRELOAD_DRIVER_CALLERS comma-separated pieces of library paths whose driver entry
 //                                points are wrapped and recorded in the `nccl` tag (default
 //                                "libnccl"; "*" for every library). Others get the driver's own

@@ -18,6 +18,7 @@ _LIBRARIES = {
     "libtagmem.so.0": "allocator/libtagmem.so.0",
     "libtagmem_torch_alloc.so": "integrations/torch/libtagmem_torch_alloc.so",
 }
+_PRELOAD = "integrations/preload/libtagmem_preload.so"  # optional
 
 
 class BuildPyWithLibraries(build_py):
@@ -35,6 +36,17 @@ class BuildPyWithLibraries(build_py):
             if not os.path.exists(source):
                 raise SystemExit(f"TAGMEM_BUILD_DIR={build_dir}: {relative} is missing; build it first")
             shutil.copyfile(os.path.realpath(source), os.path.join(destination, name))
+        # The preload shim, where it was built: configure_subprocess() hands it to children, and
+        # torch_memory_saver's callers look for it beside the shim package's directory.
+        shim = os.path.join(build_dir, _PRELOAD)
+        if os.path.exists(shim):
+            shutil.copyfile(os.path.realpath(shim), os.path.join(destination, "libtagmem_preload.so"))
+            tms_path = os.path.join(self.build_lib, "tagmem", "compat", "tms_path")
+            os.makedirs(tms_path, exist_ok=True)
+            shutil.copyfile(
+                os.path.realpath(shim),
+                os.path.join(tms_path, "torch_memory_saver_hook_mode_preload.abi3.so"),
+            )
 
 
 class MaybeBinaryDistribution(Distribution):

@@ -9,7 +9,8 @@
 #   package-pip  pip-installs integrations/torch (with the build's libraries) into a temporary
 #                directory; the later steps import that copy (or the source tree if this fails).
 #                Where this Python has no pip: package-setup.py (setup.py build) instead
-#   python-api   pytest test_api.py test_entry_points.py (torch-free suites) on this driver
+#   python-api   pytest test_api.py test_entry_points.py test_dropin.py (torch-free suites) on
+#                this driver
 #   entry-cpp    tagmem_torch_entry_tests (the entry points from C++)
 #   pytest-gpu   pytest test_gpu_*.py (PyTorch: MemPool and global modes, graphs, training, compat)
 #   libtorch     builds integrations/torch/libtorch against this PyTorch; runs its test twice
@@ -112,6 +113,7 @@ else  # keep going from the source tree so the other steps still say something
   FAILED=1
   export PYTHONPATH="$REPO/integrations/torch${PYTHONPATH:+:$PYTHONPATH}"
   export TAGMEM_LIBRARY="$BUILD/allocator/libtagmem.so.0"
+  export TAGMEM_PRELOAD_LIBRARY="$BUILD/integrations/preload/libtagmem_preload.so"
   export TAGMEM_TORCH_LIBRARY="$BUILD/integrations/torch/libtagmem_torch_alloc.so"
 fi
 
@@ -119,7 +121,8 @@ PYTEST=($PY -m pytest -p no:cacheprovider -v -rA)
 cd "$REPO"
 
 # ---- torch-free suites ------------------------------------------------------------------------
-wanted python-api && step python-api "${PYTEST[@]}" tests/torch/test_api.py tests/torch/test_entry_points.py
+wanted python-api && step python-api "${PYTEST[@]}" tests/torch/test_api.py tests/torch/test_entry_points.py \
+  tests/torch/test_dropin.py
 if ! wanted entry-cpp; then
   :
 elif [[ -x "$BUILD/tests/torch/tagmem_torch_entry_tests" ]]; then
@@ -139,7 +142,7 @@ elif ! step torch-available $PY -c 'import torch; assert torch.cuda.is_available
   for s in pytest-gpu libtorch bench fsdp2; do not_run $s "PyTorch with CUDA is unavailable"; done
 else
   wanted pytest-gpu && step pytest-gpu "${PYTEST[@]}" tests/torch/test_gpu_mempool.py tests/torch/test_gpu_training.py \
-    tests/torch/test_gpu_global.py tests/torch/test_gpu_compat.py
+    tests/torch/test_gpu_global.py tests/torch/test_gpu_compat.py tests/torch/test_gpu_dropin.py
 
   build_libtorch() {
     local prefix

@@ -32,3 +32,17 @@ def assert_unchanged(tensors, before):
 def as_bytes(t):
     """The tensor's elements as a flat uint8 tensor (bitwise comparison, NaNs included)."""
     return t.detach().contiguous().reshape(-1).view(torch.uint8)
+
+
+def capture_matmul_relu(x, w, capture):
+    """Warms ``(x @ w).relu()`` up on a side stream, then captures it inside `capture` (a
+    torch.cuda.graph-like context manager, already built around a CUDAGraph); returns the graph's
+    output tensor after one replay."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        (x @ w).relu()
+    torch.cuda.current_stream().wait_stream(side)
+    with capture:
+        y = (x @ w).relu()
+    return y

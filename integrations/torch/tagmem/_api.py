@@ -281,3 +281,79 @@ def pointer_info(ptr):
         )
     )
     return {"tag": name.value.decode(), "device": device.value, "base": base.value, "size": size.value}
+
+
+# ---- offloaded bytes on the host ----------------------------------------------------------------
+
+HOST_VIEW_WRITABLE = 1
+
+
+def host_pieces(ptr, nbytes=None, writable=False):
+    """Where the bytes [ptr, ptr + nbytes) of an allocation offloaded with BACKUP wait in pinned
+    host memory: a list of (host address, length) pieces in order (tagmem_host_view).
+
+    `nbytes` defaults to the rest of the allocation. With ``writable=True`` the caller may write
+    through the pieces and the reload restores what was written. The addresses are valid until
+    the tag is reloaded or the allocation freed. Raises TagResidentError when the tag is resident,
+    TagOffloadedError when it was offloaded with DISCARD, UnknownPointerError for other memory,
+    InvalidArgumentError when `nbytes` runs past the allocation.
+    """
+    info = pointer_info(ptr)
+    left = info["base"] + info["size"] - ptr
+    if nbytes is None:
+        nbytes = left
+    elif not 0 < int(nbytes) <= left:
+        raise _errors.error_for(
+            1, f"{nbytes!r} bytes at {ptr:#x}: the allocation has {left} bytes from there"
+        )
+    lib = _lib.lib()
+    flags = HOST_VIEW_WRITABLE if writable else 0
+    host = ctypes.c_void_p()
+    length = ctypes.c_size_t(0)
+    pieces = []
+    done = 0
+    while done < nbytes:
+        _errors.check(
+            lib.tagmem_host_view(ptr + done, flags, ctypes.byref(host), ctypes.byref(length))
+        )
+        n = min(length.value, nbytes - done)
+        pieces.append((host.value, n))
+        done += n
+    return pieces
+
+
+def host_view(ptr, nbytes=None, writable=False):
+    """A memoryview of the host bytes of an allocation offloaded with BACKUP (see host_pieces),
+    read-only unless `writable`. Raises InvalidArgumentError when the bytes lie in several host
+    pieces (read them with host_pieces, or copy them with host_bytes)."""
+    pieces = host_pieces(ptr, nbytes, writable)
+    if len(pieces) != 1:
+        raise _errors.error_for(
+            1,
+            f"the {sum(n for _, n in pieces)} bytes at {ptr:#x} lie in {len(pieces)} host pieces, "
+            "not one: use tagmem.host_pieces() or tagmem.host_bytes()",
+        )
+    address, n = pieces[0]
+    view = memoryview((ctypes.c_char * n).from_address(address)).cast("B")
+    return view if writable else view.toreadonly()
+
+
+def host_bytes(ptr, nbytes=None):
+    """A copy (bytes) of the host bytes of an allocation offloaded with BACKUP, across pieces."""
+    return b"".join(ctypes.string_at(a, n) for a, n in host_pieces(ptr, nbytes))
+
+
+# ---- free-memory margin -------------------------------------------------------------------------
+
+
+def set_memory_margin(nbytes):
+    """Makes tagmem's allocations fail with OutOfMemoryError when they would leave less than
+    `nbytes` of free device memory (0 turns the margin off). Process-wide."""
+    if int(nbytes) < 0:
+        raise _errors.error_for(1, f"memory margin {nbytes!r} is negative")
+    _lib.lib().tagmem_set_memory_margin(int(nbytes))
+
+
+def memory_margin():
+    """The margin set by set_memory_margin (0: none)."""
+    return int(_lib.lib().tagmem_memory_margin())

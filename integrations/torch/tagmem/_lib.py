@@ -118,6 +118,12 @@ _PROTOTYPES = {
     "tagmem_tag_stats_get": (_STATUS, [ctypes.c_char_p, ctypes.c_int, ctypes.POINTER(TagStats)]),
     "tagmem_device_stats_get": (_STATUS, [ctypes.c_int, ctypes.POINTER(DeviceStats)]),
     "tagmem_list_tags": (_STATUS, [ctypes.c_int, _VOIDP, _SIZE, ctypes.POINTER(_SIZE)]),
+    "tagmem_host_view": (
+        _STATUS,
+        [_VOIDP, ctypes.c_int, ctypes.POINTER(_VOIDP), ctypes.POINTER(_SIZE)],
+    ),
+    "tagmem_set_memory_margin": (None, [_SIZE]),
+    "tagmem_memory_margin": (_SIZE, []),
 }
 
 _lock = threading.Lock()

@@ -1,91 +1,379 @@
-"""torch_memory_saver's API over tagmem: switch by changing the import.
+"""torch_memory_saver's API over tagmem, for engines written against torch_memory_saver.
 
-    from tagmem.compat.torch_memory_saver import torch_memory_saver
-    with torch_memory_saver.region(tag="kv_cache"):                          # dropped on pause
-        kv = torch.empty(...)
-    with torch_memory_saver.region(tag="weights", enable_cpu_backup=True):   # kept on pause
-        model = build().cuda()
-    torch_memory_saver.pause("kv_cache"); torch_memory_saver.resume("kv_cache")
+Switch with one line before the engine imports torch_memory_saver (or the two environment
+variables that ``python -m tagmem.compat.tms_env`` prints, which also reach Ray workers)::
 
-Semantics: tensors created in ``region(tag)`` live in tagmem tag `tag` (MemPool mode). ``pause``
-releases their device memory keeping every address; with ``enable_cpu_backup=True`` the bytes are
-copied to pinned host memory first and ``resume`` restores them, otherwise the contents after
-``resume`` are undefined. ``pause()`` / ``resume()`` without a tag act on every tag a region
-created. If regions of one tag disagree on enable_cpu_backup, the tag is backed up (the safe
-choice). Pausing a paused tag or resuming a resident one raises, as tagmem does.
+    import tagmem.compat.torch_memory_saver as tms; tms.install()
+    from torch_memory_saver import torch_memory_saver        # now tagmem's, in subprocesses too
+
+or import it directly: ``from tagmem.compat.torch_memory_saver import torch_memory_saver``.
+
+Two hook modes, as in torch_memory_saver (``torch_memory_saver.hook_mode = ...`` before first
+use; by default "preload" when libtagmem_preload.so is loaded in the process, else "torch"):
+
+- "torch": a region's tensors live in tagmem tag `tag` through PyTorch MemPools
+  (tagmem.torch.tag).
+- "preload": the process runs under libtagmem_preload.so (configure_subprocess() puts it on
+  LD_PRELOAD for processes started inside it). A region opens a fresh MemPool, so PyTorch asks
+  the runtime for new segments, and switches the thread's routing on with `tag` as its current
+  tag: every cudaMalloc this thread makes inside the region, whichever pool asked, goes to tagmem
+  in `tag`. TMS_INIT_ENABLE=1 makes every cudaMalloc of the process pausable (tag "default"),
+  TMS_INIT_ENABLE_CPU_BACKUP=1 backs that tag up on pause.
+
+``pause(tag)`` offloads (BACKUP for tags whose regions asked for a CPU backup, else DISCARD) and
+returns once the memory is back with the driver; ``resume(tag)`` maps it again at the same
+addresses. Pausing a paused tag or resuming a resident one raises TagOffloadedError /
+TagResidentError; a resume that does not fit raises OutOfMemoryError (a MemoryError) with the tag
+still paused and its backup intact, so it can be retried. Differences from torch_memory_saver are
+listed in docs/torch.md (disk backup and retain_cpu_backup=True raise NotImplementedError).
 """
 
 import contextlib
 import threading
+import warnings
 
-import torch
-
-from .. import _api
-from .. import torch as _tt
-from .._errors import error_for
+from .. import _api, _errors
+from . import _tms_env
+from ._tms_env import configure_subprocess, install, uninstall
 
 _TAG_DEFAULT = "default"
+_NO_DISK = (
+    "tagmem has no disk tier: use enable_cpu_backup=True (pinned host memory), or keep the "
+    "bytes yourself (get_cpu_backup() while paused, tagmem.host_pieces())"
+)
+_NO_RETAIN = (
+    "tagmem gives the host copy back when the tag is resumed, so retain_cpu_backup=True is not "
+    "supported: read the backup with get_cpu_backup() while the tag is paused (zero_copy=True "
+    "reads it in place), or keep your own copy"
+)
+
+
+def _torch():
+    import torch  # imported on first use, so the drop-in's torch-free parts import without it
+
+    return torch
+
+
+def _tt():
+    from .. import torch as tt
+
+    return tt
+
+
+class _Cdll:
+    """The two torch_memory_saver C functions callers reach through
+    ``torch_memory_saver._impl._binary_wrapper.cdll`` (region tracking of the calling thread)."""
+
+    def __init__(self, impl):
+        self._impl = impl
+
+    def tms_get_interesting_region(self):
+        return self._impl.interesting()
+
+    def tms_set_interesting_region(self, value):
+        self._impl.set_interesting(bool(value))
+
+
+class _BinaryWrapper:
+    def __init__(self, impl):
+        self.cdll = _Cdll(impl)
+
+
+class _Impl:
+    """The initialised state behind TorchMemorySaver (created on first use)."""
+
+    def __init__(self, hook_mode=None):
+        if _tms_env.flag("TMS_RETAIN_CPU_BACKUP"):
+            raise NotImplementedError("TMS_RETAIN_CPU_BACKUP=1: " + _NO_RETAIN)
+        if _tms_env.flag("TMS_INIT_ENABLE_DISK_BACKUP") or _tms_env.flag("TMS_DISK_BACKUP_DIR"):
+            raise NotImplementedError("TMS_INIT_ENABLE_DISK_BACKUP / TMS_DISK_BACKUP_DIR: " + _NO_DISK)
+        if hook_mode is None:
+            hook_mode = "preload" if _tms_env.shim_loaded() else "torch"
+        if hook_mode not in ("preload", "torch"):
+            raise ValueError(f"hook_mode {hook_mode!r}: expected 'preload' or 'torch'")
+        if hook_mode == "preload" and not _tms_env.shim_loaded():
+            raise RuntimeError(
+                "hook_mode='preload' needs libtagmem_preload.so in this process: start it inside "
+                "torch_memory_saver.configure_subprocess(), or with LD_PRELOAD set to the shim"
+            )
+        self.hook_mode = hook_mode
+        self._binary_wrapper = _BinaryWrapper(self)
+        self._lock = threading.Lock()
+        self._backup = {}  # tag -> whether pause keeps its bytes
+        self._pools = {}  # preload mode: (tag, device) -> the MemPool its regions use
+        self._local = threading.local()  # torch mode: depth, off
+        if _tms_env.flag("TMS_INIT_ENABLE"):
+            if hook_mode == "preload":
+                self._note(_TAG_DEFAULT, _tms_env.flag("TMS_INIT_ENABLE_CPU_BACKUP"))
+            else:
+                warnings.warn("TMS_INIT_ENABLE=1 only works in hook_mode='preload'; ignored")
+
+    # ---- region tracking ----------------------------------------------------------------------
+
+    def interesting(self):
+        if self.hook_mode == "preload":
+            return _tms_env.thread_routed()
+        return getattr(self._local, "depth", 0) > 0 and not getattr(self._local, "off", False)
+
+    def set_interesting(self, value):
+        if self.hook_mode == "preload":
+            _tms_env.set_thread_routing(_tms_env.ROUTE_ON if value else _tms_env.ROUTE_OFF)
+        else:
+            self._local.off = not value
+
+    def _note(self, tag, backup):
+        with self._lock:
+            self._backup[tag] = self._backup.get(tag, False) or bool(backup)
+
+    def _pool(self, tag, device):
+        with self._lock:
+            pool = self._pools.get((tag, device))
+            if pool is None:
+                pool = self._pools[(tag, device)] = _torch().cuda.MemPool()
+            return pool
+
+    @contextlib.contextmanager
+    def _routed(self, tag):
+        # Preload mode: this thread's runtime allocations go to tagmem, into `tag`.
+        with _api.tag(tag):
+            previous = _tms_env.set_thread_routing(_tms_env.ROUTE_ON)
+            try:
+                yield
+            finally:
+                _tms_env.set_thread_routing(previous)
+
+    @contextlib.contextmanager
+    def region(self, tag, enable_cpu_backup):
+        self._note(tag, enable_cpu_backup)
+        if self.hook_mode == "preload":
+            device = _torch().cuda.current_device()
+            with _torch().cuda.use_mem_pool(self._pool(tag, device)), self._routed(tag):
+                yield
+            return
+        if getattr(self._local, "off", False):  # region tracking switched off on this thread
+            yield
+            return
+        with _tt().tag(tag):
+            self._local.depth = getattr(self._local, "depth", 0) + 1
+            try:
+                yield
+            finally:
+                self._local.depth -= 1
+
+    @contextlib.contextmanager
+    def cuda_graph(self, cuda_graph, pool, stream, capture_error_mode, tag, enable_cpu_backup):
+        self._note(tag, enable_cpu_backup)
+        if self.hook_mode == "preload":
+            with _torch().cuda.graph(
+                cuda_graph, pool=pool, stream=stream, capture_error_mode=capture_error_mode
+            ), self._routed(tag):
+                yield
+            return
+        if pool is None:  # a pool passed in is a graph's earlier pool(), hence the tag's
+            pool = _tt().pool(tag).id
+        with _torch().cuda.graph(
+            cuda_graph, pool=pool, stream=stream, capture_error_mode=capture_error_mode
+        ):
+            yield
+
+    @contextlib.contextmanager
+    def disable(self):
+        # A fresh pool of PyTorch's own allocator, with tracking off: ordinary memory.
+        if self.hook_mode == "preload":
+            previous = _tms_env.set_thread_routing(_tms_env.ROUTE_OFF)
+        else:
+            previous = getattr(self._local, "off", False)
+            self._local.off = True
+        try:
+            pool = _torch().cuda.MemPool()
+            with _torch().cuda.use_mem_pool(pool):
+                yield
+            del pool
+        finally:
+            if self.hook_mode == "preload":
+                _tms_env.set_thread_routing(previous)
+            else:
+                self._local.off = previous
+
+    # ---- pause and resume ---------------------------------------------------------------------
+
+    def _present(self, tag):
+        """[(device, [tags])] of the selected region tags that exist, per device."""
+        with self._lock:
+            known = list(self._backup) if tag is None else [tag]
+        out = []
+        for d in range(_torch().cuda.device_count()):
+            names = [n for n in known if n in set(_api.tags(d))]
+            if names:
+                out.append((d, names))
+        return out
+
+    def pause(self, tag):
+        work = []
+        for d, names in self._present(tag):
+            states = {n: _api.state(n, d) for n in names}
+            if tag is not None and states[tag] != "resident":
+                raise _errors.error_for(3, f"torch_memory_saver.pause: tag '{tag}' is paused already")
+            work.append((d, [n for n in names if states[n] == "resident"]))
+        for d, names in work:
+            _torch().cuda.synchronize(d)
+            for mode in (_api.BACKUP, _api.DISCARD):
+                group = [n for n in names if (mode == _api.BACKUP) == self._backup.get(n, False)]
+                if group:
+                    _api.offload(group, mode, d)
+            _api.wait_released(d)
+
+    def resume(self, tag):
+        work = []
+        for d, names in self._present(tag):
+            states = {n: _api.state(n, d) for n in names}
+            if tag is not None and states[tag] == "resident":
+                raise _errors.error_for(4, f"torch_memory_saver.resume: tag '{tag}' is not paused")
+            work.append((d, [n for n in names if states[n] != "resident"]))
+        for d, names in work:
+            if names:
+                _api.reload(names, d)
+
+    def get_cpu_backup(self, x, zero_copy):
+        if not x.is_cuda or not x.is_contiguous():
+            raise ValueError("get_cpu_backup needs a contiguous CUDA tensor")
+        try:
+            owner = _api.pointer_info(x.data_ptr())
+        except _errors.UnknownPointerError:
+            raise ValueError(
+                "get_cpu_backup: the tensor was not created in a torch_memory_saver region"
+            ) from None
+        state = _api.state(owner["tag"], owner["device"])
+        if state == "resident":
+            return None
+        if state == "offloaded_discard":
+            raise _errors.error_for(
+                3,
+                f"get_cpu_backup: tag '{owner['tag']}' is paused without a CPU backup "
+                "(open its region with enable_cpu_backup=True)",
+            )
+        return _tt().host_tensor(x, copy=not zero_copy)
 
 
 class TorchMemorySaver:
-    """The object behind the module-level ``torch_memory_saver`` (one per process is enough)."""
+    """torch_memory_saver's TorchMemorySaver over tagmem (use the module's singleton)."""
 
     def __init__(self):
-        self._lock = threading.Lock()
-        self._backup = {}  # tag -> whether pause keeps its bytes
+        self._impl_ctor_kwargs = {}
+        self._impl = None
+
+    def _ensure_initialized(self):
+        if self._impl is None:
+            self._impl = _Impl(**self._impl_ctor_kwargs)
+            self._impl_ctor_kwargs = None
+        return self._impl
+
+    @contextlib.contextmanager
+    def region(
+        self,
+        tag=_TAG_DEFAULT,
+        enable_cpu_backup=False,
+        enable_disk_backup=False,
+        cpu_backup_backend=None,
+    ):
+        """Context manager: CUDA memory allocated inside is pausable under `tag` (module doc)."""
+        _check_backup_args(enable_cpu_backup, enable_disk_backup, cpu_backup_backend)
+        with self._ensure_initialized().region(tag, enable_cpu_backup):
+            yield
+
+    @contextlib.contextmanager
+    def cuda_graph(
+        self,
+        cuda_graph,
+        pool=None,
+        stream=None,
+        capture_error_mode="global",
+        tag=_TAG_DEFAULT,
+        enable_cpu_backup=False,
+        cpu_backup_backend=None,
+    ):
+        """``_torch().cuda.graph(...)`` whose private memory is pausable under `tag` (replaying
+        the graph needs ``resume(tag)`` first)."""
+        _check_backup_args(enable_cpu_backup, False, cpu_backup_backend)
+        impl = self._ensure_initialized()
+        with impl.cuda_graph(cuda_graph, pool, stream, capture_error_mode, tag, enable_cpu_backup):
+            yield
+
+    @contextlib.contextmanager
+    def disable(self):
+        """Context manager: allocations inside are ordinary PyTorch memory, never paused."""
+        with self._ensure_initialized().disable():
+            yield
+
+    def pause(self, tag=None):
+        """Releases the device memory of `tag` (None: every region tag that is resident); it is
+        back with the driver when this returns."""
+        self._ensure_initialized().pause(tag)
+
+    def resume(self, tag=None):
+        """Maps `tag` again at its old addresses (None: every paused region tag)."""
+        self._ensure_initialized().resume(tag)
 
     @property
     def enabled(self):
         """Always True: tagmem is available whenever this module imports."""
         return True
 
-    @contextlib.contextmanager
-    def region(self, tag=_TAG_DEFAULT, enable_cpu_backup=False):
-        """Context manager: CUDA tensors created inside belong to `tag` (see the module doc)."""
-        with self._lock:
-            self._backup[tag] = self._backup.get(tag, False) or bool(enable_cpu_backup)
-        with _tt.tag(tag):
-            yield
+    @property
+    def hook_mode(self):
+        """The hook mode in use ("preload" or "torch"), once initialised."""
+        return self._ensure_initialized().hook_mode
 
-    def pause(self, tag=None):
-        """Releases the device memory of `tag` (None: of every region tag still resident). As in
-        torch_memory_saver, the memory is back with the driver when this returns (another
-        process may take it at once), so it waits for tagmem's background release."""
-        device = _tt.device_index()
-        for name in self._select(tag, "resident", device):
-            _tt.offload(name, _tt.BACKUP if self._backup[name] else _tt.DISCARD, device)
-        _api.wait_released(device)
+    @hook_mode.setter
+    def hook_mode(self, hook_mode):
+        if self._impl is not None:
+            raise RuntimeError("torch_memory_saver.hook_mode must be set before first use")
+        if hook_mode not in ("preload", "torch"):
+            raise ValueError(f"hook_mode {hook_mode!r}: expected 'preload' or 'torch'")
+        self._impl_ctor_kwargs["hook_mode"] = hook_mode
 
-    def resume(self, tag=None):
-        """Maps `tag` again at its old addresses (None: every paused region tag)."""
-        device = _tt.device_index()
-        names = [n for n in self._select(tag, "offloaded", device)]
-        if names:
-            _tt.reload(names, device)
+    @property
+    def memory_margin_bytes(self):
+        """The free-memory margin (tagmem.memory_margin())."""
+        return _api.memory_margin()
 
-    @contextlib.contextmanager
-    def cuda_graph(self, cuda_graph, tag="cuda_graph", enable_cpu_backup=False, **kwargs):
-        """``torch.cuda.graph(cuda_graph, **kwargs)`` with the graph's private memory in `tag`,
-        so ``pause(tag)`` releases it too (replay needs ``resume(tag)`` first)."""
-        with self._lock:
-            self._backup[tag] = self._backup.get(tag, False) or bool(enable_cpu_backup)
-        kwargs.setdefault("pool", _tt.pool(tag).id)
-        with torch.cuda.graph(cuda_graph, **kwargs):
-            yield
+    @memory_margin_bytes.setter
+    def memory_margin_bytes(self, value):
+        self._ensure_initialized()
+        _api.set_memory_margin(value)
 
-    def _select(self, tag, wanted, device):
-        with self._lock:
-            known = dict(self._backup)
-        if tag is not None:
-            if tag not in known:
-                raise error_for(2, f"torch_memory_saver: no region was created with tag '{tag}'")
-            return [tag] if tag in _api.tags(device) else []
-        present = set(_api.tags(device))
-        out = []
-        for name in known:
-            if name in present and _tt.state(name, device).startswith(wanted):
-                out.append(name)
-        return out
+    @property
+    def retain_cpu_backup(self):
+        """Always False under tagmem (see the setter)."""
+        self._ensure_initialized()
+        return False
+
+    @retain_cpu_backup.setter
+    def retain_cpu_backup(self, value):
+        self._ensure_initialized()
+        if value:
+            raise NotImplementedError(_NO_RETAIN)
+
+    def get_cpu_backup(self, x, zero_copy=False):
+        """A CPU tensor of `x`'s bytes while its tag is paused with a CPU backup (zero_copy=True:
+        a view of the pinned backup itself, valid until resume); None while `x` is active."""
+        return self._ensure_initialized().get_cpu_backup(x, zero_copy)
+
+    def set_disk_backup_dir(self, path):
+        """Not available: raises NotImplementedError naming the alternative."""
+        raise NotImplementedError(_NO_DISK)
+
+
+def _check_backup_args(enable_cpu_backup, enable_disk_backup, cpu_backup_backend):
+    if enable_disk_backup:
+        raise NotImplementedError("enable_disk_backup=True: " + _NO_DISK)
+    if cpu_backup_backend is not None:
+        if not enable_cpu_backup:
+            raise ValueError("cpu_backup_backend requires enable_cpu_backup=True")
+        if cpu_backup_backend != "pinned":
+            raise NotImplementedError(
+                f"cpu_backup_backend={cpu_backup_backend!r}: tagmem backs up to pinned memory only"
+            )
 
 
 torch_memory_saver = TorchMemorySaver()
@@ -104,3 +392,15 @@ def pause(tag=None):
 def resume(tag=None):
     """torch_memory_saver.resume (module-level form)."""
     torch_memory_saver.resume(tag)
+
+
+__all__ = [
+    "TorchMemorySaver",
+    "configure_subprocess",
+    "install",
+    "pause",
+    "region",
+    "resume",
+    "torch_memory_saver",
+    "uninstall",
+]

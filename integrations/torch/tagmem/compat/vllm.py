@@ -1,112 +1,223 @@
-"""vLLM-style sleep mode over tagmem: switch by changing the import.
+"""vLLM's sleep mode over tagmem: the allocator module vLLM's workers import, replaced.
 
-Level semantics follow vLLM's ``LLM.sleep(level)``: level 1 backs the weights up to pinned host
-memory and discards the KV cache; level 2 discards both (the caller reloads weights itself, e.g.
-from the trainer). ``wake_up(tags)`` maps tags back at their old addresses, optionally one group at
-a time (``wake_up(["weights"])`` before a weight update, ``wake_up(["kv_cache"])`` after it).
+One line, before the engine builds its workers (in every worker process: vLLM's
+``vllm.general_plugins`` entry point ``tagmem`` does it when TAGMEM_AS_VLLM_CUMEM=1)::
 
-    from tagmem.compat.vllm import CuMemAllocator        # instead of vllm.device_allocator.cumem
-    allocator = CuMemAllocator.get_instance()
-    with allocator.use_memory_pool(tag="weights"):
-        model = load_model()
-    allocator.sleep(offload_tags=("weights",))          # weights backed up, other tags discarded
-    allocator.wake_up()
+    import tagmem.compat.vllm; tagmem.compat.vllm.install()
 
-Tensors must be created inside ``use_memory_pool(tag)`` (tagmem.torch.tag) to belong to a tag.
+install() puts this module in ``sys.modules`` as ``vllm.device_allocator.cumem`` and, where vLLM
+has it, points ``vllm.device_allocator.get_mem_allocator_instance`` at it, so
+``from vllm.device_allocator.cumem import CuMemAllocator`` in vLLM's code gets tagmem's. It needs
+no vLLM to run and is idempotent.
+
+CuMemAllocator keeps vLLM's names and defaults: ``default_tag = "default"``,
+``use_memory_pool(tag=None)``, ``sleep(offload_tags=None)`` (None: the default tag is backed up),
+``wake_up(tags=None)``, ``discard(tags)``, ``get_current_usage()``. vLLM's level 1 is
+``sleep(offload_tags=("weights",))`` (weights backed up to pinned host memory, the KV cache
+discarded), level 2 ``sleep(offload_tags=())`` (everything discarded). Tensors created inside
+``use_memory_pool(tag)`` live in tagmem tag `tag` (tagmem.torch.tag) and keep their addresses
+across sleep and wake_up, so CUDA graphs and views stay valid.
+
+Importing this module does not import PyTorch; the allocator's methods do.
 """
 
+import contextlib
+import os
+import sys
 import threading
 
 from .. import _api, _errors
-from .. import torch as _tt
 
 WEIGHTS = "weights"
 KV_CACHE = "kv_cache"
+ENABLE_VARIABLE = "TAGMEM_AS_VLLM_CUMEM"
+MODULE = "vllm.device_allocator.cumem"
+
+cumem_available = True  # vLLM checks this before using sleep mode
+_install_lock = threading.Lock()
+
+
+def _tt():
+    from .. import torch as tt  # PyTorch only when an allocator method runs
+
+    return tt
+
+
+def _names(tags):
+    if tags is None:
+        return None
+    return (tags,) if isinstance(tags, str) else tuple(tags)
+
+
+def _in_state(names, d, wanted):
+    present = set(_api.tags(d))
+    return [n for n in names if n in present and (_api.state(n, d) == "resident") == wanted]
+
+
+def _offload_split(keep, drop, d):
+    tt = _tt()
+    if keep:
+        tt.offload(keep, tt.BACKUP, d)
+    if drop:
+        tt.offload(drop, tt.DISCARD, d)
+    _api.wait_released(d)  # as in vLLM, the memory is free for others once this returns
+
+
+class CuMemAllocator:
+    """vLLM's CuMemAllocator over tagmem.torch (a process-wide singleton: get_instance())."""
+
+    instance = None
+    default_tag = "default"
+    _instance_lock = threading.Lock()
+
+    @staticmethod
+    def get_instance():
+        """The process-wide allocator object."""
+        with CuMemAllocator._instance_lock:
+            if CuMemAllocator.instance is None:
+                CuMemAllocator.instance = CuMemAllocator()
+            return CuMemAllocator.instance
+
+    def __init__(self):
+        self.current_tag = CuMemAllocator.default_tag
+        self._tags = []  # every tag a pool was used for, in first-use order
+
+    @contextlib.contextmanager
+    def use_memory_pool(self, tag=None):
+        """Context manager: CUDA tensors created inside live in tag `tag` (None: default_tag)."""
+        tag = CuMemAllocator.default_tag if tag is None else tag
+        if not isinstance(tag, str):
+            raise _errors.error_for(1, f"use_memory_pool: tag must be a str, not {tag!r}")
+        if tag not in self._tags:
+            self._tags.append(tag)
+        previous, self.current_tag = self.current_tag, tag
+        try:
+            with _tt().tag(tag):
+                yield
+        finally:
+            self.current_tag = previous
+
+    def sleep(self, offload_tags=None):
+        """Backs up the resident tags in `offload_tags` (None: default_tag) and discards this
+        allocator's other resident tags; the memory is back with the driver on return."""
+        keep_names = _names(offload_tags) or ()
+        if offload_tags is None:
+            keep_names = (CuMemAllocator.default_tag,)
+        d = _tt().device_index()
+        resident = _in_state(self._tags, d, True)
+        _offload_split([t for t in resident if t in keep_names],
+                       [t for t in resident if t not in keep_names], d)
+
+    def discard(self, tags):
+        """Drops the bytes of `tags`: resident ones are offloaded with DISCARD; ones asleep with a
+        backup are reloaded and discarded (their backup is dropped). Stays asleep afterwards."""
+        names = [t for t in _names(tags) if t in self._tags]
+        d = _tt().device_index()
+        backed_up = [t for t in _in_state(names, d, False) if _api.state(t, d) == "offloaded_backup"]
+        if backed_up:
+            _tt().reload(backed_up, d)
+        _offload_split([], _in_state(names, d, True), d)
+
+    def wake_up(self, tags=None):
+        """Maps `tags` (None: every asleep tag of this allocator) back at their old addresses,
+        restoring backed-up bytes. A wake-up that does not fit raises OutOfMemoryError with the
+        tag still asleep and its backup intact."""
+        names = self._tags if tags is None else [t for t in _names(tags) if t in self._tags]
+        d = _tt().device_index()
+        waiting = _in_state(names, d, False)
+        if waiting:
+            _tt().reload(waiting, d)
+
+    def get_current_usage(self):
+        """Device bytes mapped for this allocator's tags now."""
+        d = _tt().device_index()
+        present = set(_api.tags(d))
+        return sum(_api.stats(t, d)["mapped_bytes"] for t in self._tags if t in present)
+
+
+def get_mem_allocator_instance():
+    """vllm.device_allocator.get_mem_allocator_instance, answered by tagmem."""
+    return CuMemAllocator.get_instance()
+
+
+def find_loaded_library(lib_name):
+    """The path of a loaded shared library whose file name starts with `lib_name` (vLLM's helper
+    of the same name), or None."""
+    with open("/proc/self/maps") as maps:
+        for line in maps:
+            path = line.split()[-1] if "/" in line else ""
+            if os.path.basename(path).startswith(lib_name):
+                return path
+    return None
+
+
+def install():
+    """Makes vLLM's ``vllm.device_allocator.cumem`` this module (see the module doc).
+    Idempotent; works whether or not vLLM is importable."""
+    me = sys.modules[__name__]
+    with _install_lock:
+        sys.modules[MODULE] = me
+        parent = sys.modules.get("vllm.device_allocator")
+        if parent is None:
+            try:
+                import vllm.device_allocator as parent  # noqa: F811
+            except ImportError:
+                parent = None
+        if parent is not None:
+            parent.cumem = me
+            if hasattr(parent, "get_mem_allocator_instance"):
+                parent.get_mem_allocator_instance = get_mem_allocator_instance
+
+
+def installed():
+    """Whether install() has put this module in place of vLLM's."""
+    return sys.modules.get(MODULE) is sys.modules[__name__]
+
+
+class SleepBackend:
+    """Sleep mode by level, for engines that select a sleep backend by name: ``suspend(level)``,
+    ``resume(tags)``, ``discard(tags)`` over CuMemAllocator.get_instance()."""
+
+    name = "tagmem"
+
+    def suspend(self, level=1):
+        """Level 1: weights backed up, the rest discarded. Level 2: everything discarded."""
+        if level not in (1, 2):
+            raise _errors.error_for(1, f"sleep level {level!r}: expected 1 or 2")
+        CuMemAllocator.get_instance().sleep(offload_tags=(WEIGHTS,) if level == 1 else ())
+
+    def resume(self, tags=None):
+        CuMemAllocator.get_instance().wake_up(tags)
+
+    def discard(self, tags):
+        CuMemAllocator.get_instance().discard(tags)
+
+
+def register():
+    """The ``vllm.general_plugins`` entry point (vLLM calls it in every process): installs only
+    when TAGMEM_AS_VLLM_CUMEM=1, so having tagmem installed never changes vLLM by itself.
+    Returns the SleepBackend."""
+    if os.environ.get(ENABLE_VARIABLE) == "1":
+        install()
+    return SleepBackend()
 
 
 def sleep(level=1, weights_tags=(WEIGHTS,), discard_tags=(KV_CACHE,), device=None):
-    """Releases the device memory of the weight and KV-cache tags that exist and are resident.
-
-    level 1: `weights_tags` are backed up, `discard_tags` discarded. level 2: both discarded.
-    Raises InvalidArgumentError for another level.
-    """
+    """Releases the device memory of the weight and KV-cache tags that exist and are resident
+    (level 1: `weights_tags` backed up; level 2: discarded too). Raises InvalidArgumentError for
+    another level."""
     if level not in (1, 2):
         raise _errors.error_for(1, f"sleep level {level!r}: expected 1 or 2")
-    d = _tt.device_index(device)
-    keep = _resident(weights_tags, d)
-    drop = _resident(discard_tags, d)
-    if keep:
-        _tt.offload(keep, _tt.BACKUP if level == 1 else _tt.DISCARD, d)
-    if drop:
-        _tt.offload(drop, _tt.DISCARD, d)
-    _api.wait_released(d)  # as in vLLM, the memory is free for others once sleep returns
+    d = _tt().device_index(device)
+    keep = _in_state(weights_tags, d, True)
+    drop = _in_state(discard_tags, d, True)
+    _offload_split(keep if level == 1 else [], drop + ([] if level == 1 else keep), d)
 
 
 def wake_up(tags=None, device=None):
     """Reloads `tags` (default: every offloaded tag on the device) at their old addresses."""
-    d = _tt.device_index(device)
-    if tags is None:
-        tags = [n for n in _api.tags(d) if _api.state(n, d) != "resident"]
-    elif isinstance(tags, str):
-        tags = [tags]
-    if tags:
-        _tt.reload(list(tags), d)
-
-
-def _resident(names, d):
-    present = set(_api.tags(d))
-    return [n for n in names if n in present and _api.state(n, d) == "resident"]
-
-
-class CuMemAllocator:
-    """The subset of vLLM's CuMemAllocator that engines call, over tagmem.torch."""
-
-    _instance = None
-    _instance_lock = threading.Lock()
-
-    @classmethod
-    def get_instance(cls):
-        """The process-wide allocator object."""
-        with cls._instance_lock:
-            if cls._instance is None:
-                cls._instance = cls()
-            return cls._instance
-
-    def __init__(self):
-        self._tags = []
-
-    def use_memory_pool(self, tag=None):
-        """Context manager: tensors created inside belong to `tag` (default "weights")."""
-        tag = tag or WEIGHTS
-        if tag not in self._tags:
-            self._tags.append(tag)
-        return _tt.tag(tag)
-
-    def sleep(self, offload_tags=(WEIGHTS,)):
-        """Backs up `offload_tags` to pinned host memory and discards this allocator's other
-        tags (only those that exist and are resident)."""
-        if isinstance(offload_tags, str):
-            offload_tags = (offload_tags,)
-        d = _tt.device_index()
-        keep = _resident([t for t in self._tags if t in offload_tags], d)
-        drop = _resident([t for t in self._tags if t not in offload_tags], d)
-        if keep:
-            _tt.offload(keep, _tt.BACKUP, d)
-        if drop:
-            _tt.offload(drop, _tt.DISCARD, d)
-        _api.wait_released(d)  # as in vLLM, the memory is free for others once sleep returns
-
-    def wake_up(self, tags=None):
-        """Reloads `tags` (default: this allocator's offloaded tags)."""
-        d = _tt.device_index()
-        present = set(_api.tags(d))
-        names = self._tags if tags is None else ([tags] if isinstance(tags, str) else list(tags))
-        waiting = [t for t in names if t in present and _api.state(t, d) != "resident"]
-        if waiting:
-            _tt.reload(waiting, d)
-
-    def get_current_usage(self):
-        """Device bytes mapped for this allocator's tags now."""
-        d = _tt.device_index()
-        present = set(_api.tags(d))
-        return sum(_api.stats(t, d)["mapped_bytes"] for t in self._tags if t in present)
+    d = _tt().device_index(device)
+    names = _api.tags(d) if tags is None else _names(tags)
+    waiting = _in_state(names, d, False)
+    if waiting:
+        _tt().reload(waiting, d)

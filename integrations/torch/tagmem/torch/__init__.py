@@ -13,9 +13,11 @@ through tagmem and ``tt.tag`` is a per-thread tag scope. Functions taking `devic
 ``torch.cuda.current_device()``. See docs/torch.md.
 """
 
+import ctypes
+
 import torch
 
-from .. import _api, _entry_points
+from .. import _api, _entry_points, _errors
 from ._global import install, installed
 from ._pools import device_index, empty_cache, pool, tag
 
@@ -70,6 +72,39 @@ def stats(name=None, device=None):
     return out
 
 
+def host_tensor(x, copy=True):
+    """A CPU tensor of `x`'s bytes while its tag is offloaded with BACKUP (same dtype and shape).
+
+    ``copy=True``: a new tensor (the backup may lie in several host pieces). ``copy=False``: a
+    view of the pinned backup itself (writes through it are what the reload restores); valid
+    until the tag is reloaded, and only when the bytes are one host piece (else
+    InvalidArgumentError). `x` must be contiguous. Raises TagResidentError while the tag is
+    resident, TagOffloadedError when it was offloaded with DISCARD.
+    """
+    if not x.is_contiguous():
+        raise _errors.error_for(1, "host_tensor needs a contiguous tensor")
+    nbytes = x.numel() * x.element_size()
+    if nbytes == 0:
+        return torch.empty(x.shape, dtype=x.dtype)
+    pieces = _api.host_pieces(x.data_ptr(), nbytes, writable=not copy)
+    if copy:
+        out = torch.empty(nbytes, dtype=torch.uint8)
+        at = out.data_ptr()
+        for address, n in pieces:
+            ctypes.memmove(at, address, n)
+            at += n
+    else:
+        if len(pieces) != 1:
+            raise _errors.error_for(
+                1,
+                f"the tensor's {nbytes} bytes lie in {len(pieces)} host pieces: a view needs one "
+                "(use copy=True)",
+            )
+        address, n = pieces[0]
+        out = torch.frombuffer((ctypes.c_uint8 * n).from_address(address), dtype=torch.uint8)
+    return out.view(x.dtype).view(x.shape)
+
+
 def last_allocation_failure():
     """tagmem's message for the most recent allocation it refused through PyTorch ("" if none)."""
     return _entry_points.last_failure()
@@ -80,6 +115,7 @@ __all__ = [
     "DISCARD",
     "device_index",
     "empty_cache",
+    "host_tensor",
     "install",
     "installed",
     "last_allocation_failure",

@@ -1,0 +1,190 @@
+"""The torch-free half of the torch_memory_saver drop-in: importing it under its own name, the
+preload shim for subprocesses, torch_memory_saver's environment variables.
+
+Note [torch_memory_saver under its own name]: engines write ``import torch_memory_saver``. The
+directory ``tms_path`` beside this file holds a package of that name whose ``__init__`` re-exports
+``tagmem.compat.torch_memory_saver``. Two things must both hold for it to act:
+
+- ``tms_path`` is on ``sys.path`` (install() puts it first) or on ``PYTHONPATH`` (install() adds it
+  there too, so spawned subprocesses, multiprocessing's spawn and Ray workers started from this
+  environment inherit it), and
+- ``TAGMEM_AS_TORCH_MEMORY_SAVER=1`` is in the environment (install() sets it).
+
+If the directory is on the path but the variable is not 1 (a stale PYTHONPATH), the shim package
+steps aside: it removes ``tms_path`` from ``sys.path`` and imports whatever ``torch_memory_saver``
+is installed in its place. So the real package is never shadowed by surprise, and no ``.pth``
+file is involved. ``python -m tagmem.compat.tms_env`` prints the two variables for a shell.
+
+Preload mode needs libtagmem_preload.so; it is looked up as TAGMEM_PRELOAD_LIBRARY, then
+``tagmem/lib/libtagmem_preload.so`` (where setup.py copies a build), then next to the loaded
+libtagmem.
+"""
+
+import contextlib
+import os
+import sys
+
+ENABLE_VARIABLE = "TAGMEM_AS_TORCH_MEMORY_SAVER"
+PRELOAD_NAME = "libtagmem_preload.so"
+# The file name torch_memory_saver's callers compute next to the package directory.
+TMS_PRELOAD_NAME = "torch_memory_saver_hook_mode_preload.abi3.so"
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def shim_path():
+    """The directory that holds the ``torch_memory_saver`` shim package."""
+    return os.path.join(_HERE, "tms_path")
+
+
+def enabled():
+    """Whether this environment asks for tagmem under the name torch_memory_saver."""
+    return os.environ.get(ENABLE_VARIABLE) == "1"
+
+
+def _prepend(variable, entry, separator=":"):
+    parts = [p for p in os.environ.get(variable, "").split(separator) if p and p != entry]
+    os.environ[variable] = separator.join([entry] + parts)
+
+
+def install():
+    """Makes ``import torch_memory_saver`` give tagmem's drop-in in this process and in every
+    subprocess started afterwards from its environment (Note [torch_memory_saver under its own
+    name]). Idempotent. Raises ImportError when another ``torch_memory_saver`` is imported
+    already (install before the engine imports it)."""
+    loaded = sys.modules.get("torch_memory_saver")
+    if loaded is not None and not getattr(loaded, "__tagmem__", False):
+        raise ImportError(
+            "a torch_memory_saver other than tagmem's is imported already "
+            f"({getattr(loaded, '__file__', loaded)}): call "
+            "tagmem.compat.torch_memory_saver.install() before the engine imports it"
+        )
+    os.environ[ENABLE_VARIABLE] = "1"
+    path = shim_path()
+    _link_preload_library(path)
+    if path in sys.path:
+        sys.path.remove(path)
+    sys.path.insert(0, path)
+    _prepend("PYTHONPATH", path)
+    # The shim imports tagmem: children must find it where this process did.
+    package_parent = os.path.dirname(os.path.dirname(_HERE))
+    parts = os.environ["PYTHONPATH"].split(":")
+    if package_parent not in parts:
+        os.environ["PYTHONPATH"] = ":".join(parts + [package_parent])
+
+
+def _link_preload_library(path):
+    # Callers compute the hook library as a file beside the torch_memory_saver package
+    # directory; a link there to libtagmem_preload.so answers them (where the directory is
+    # writable; setup.py puts a copy there in an installed package).
+    link = os.path.join(path, TMS_PRELOAD_NAME)
+    library = preload_library()
+    if library is None or os.path.exists(link):
+        return
+    try:
+        os.symlink(os.path.abspath(library), link)
+    except OSError:
+        pass
+
+
+def uninstall():
+    """Undoes install() for this process and later subprocesses (an imported module stays)."""
+    os.environ.pop(ENABLE_VARIABLE, None)
+    path = shim_path()
+    while path in sys.path:
+        sys.path.remove(path)
+    parts = [p for p in os.environ.get("PYTHONPATH", "").split(":") if p and p != path]
+    if parts:
+        os.environ["PYTHONPATH"] = ":".join(parts)
+    else:
+        os.environ.pop("PYTHONPATH", None)
+
+
+def preload_library():
+    """The path of libtagmem_preload.so, or None when none is found."""
+    env = os.environ.get("TAGMEM_PRELOAD_LIBRARY")
+    if env:
+        return env if os.path.exists(env) else None
+    package_lib = os.path.join(os.path.dirname(_HERE), "lib", PRELOAD_NAME)
+    if os.path.exists(package_lib):
+        return package_lib
+    try:
+        from .. import _lib
+
+        beside = os.path.join(os.path.dirname(_lib.library_file() or ""), PRELOAD_NAME)
+    except Exception:  # no libtagmem at all: nothing beside it either
+        return None
+    return beside if os.path.exists(beside) else None
+
+
+def _shim_functions():
+    import ctypes
+
+    process = ctypes.CDLL(None)
+    if not hasattr(process, "tagmem_preload_set_thread_routing"):
+        return None
+    setter = process.tagmem_preload_set_thread_routing
+    setter.argtypes, setter.restype = [ctypes.c_int], ctypes.c_int
+    routed = process.tagmem_preload_thread_routed
+    routed.argtypes, routed.restype = [], ctypes.c_int
+    return setter, routed
+
+
+_shim = None
+
+
+def shim_loaded():
+    """Whether libtagmem_preload.so is loaded in this process (preload hook mode works)."""
+    global _shim
+    if _shim is None:
+        _shim = _shim_functions() or False
+    return bool(_shim)
+
+
+ROUTE_AUTO, ROUTE_OFF, ROUTE_ON = -1, 0, 1
+
+
+def set_thread_routing(mode):
+    """Sets this thread's routing in the preload shim (ROUTE_*); returns the previous mode."""
+    if not shim_loaded():
+        raise RuntimeError("libtagmem_preload.so is not loaded in this process")
+    previous = _shim[0](int(mode))
+    if previous == -2:
+        raise ValueError(f"routing mode {mode!r}: expected ROUTE_AUTO, ROUTE_OFF or ROUTE_ON")
+    return previous
+
+
+def thread_routed():
+    """Whether a cudaMalloc of this thread now goes to tagmem (preload shim loaded)."""
+    return shim_loaded() and _shim[1]() == 1
+
+
+@contextlib.contextmanager
+def configure_subprocess():
+    """Context manager: processes started inside get libtagmem_preload.so first on LD_PRELOAD
+    (and the drop-in's variables, which install() already put in the environment). Restores
+    LD_PRELOAD on exit."""
+    library = preload_library()
+    if library is None:
+        raise FileNotFoundError(
+            f"{PRELOAD_NAME} not found: set TAGMEM_PRELOAD_LIBRARY to its path (a CMake build "
+            "has it in integrations/preload/), or install the package with TAGMEM_BUILD_DIR set"
+        )
+    before = os.environ.get("LD_PRELOAD")
+    parts = [p for p in (before or "").split(":") if p and p != library]
+    os.environ["LD_PRELOAD"] = ":".join([library] + parts)
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("LD_PRELOAD", None)
+        else:
+            os.environ["LD_PRELOAD"] = before
+
+
+def flag(name, default=False):
+    """torch_memory_saver's boolean variables: "1" or "true" (any case) is true."""
+    value = os.environ.get(name)
+    if value is None or value == "":
+        return default
+    return value == "1" or value.lower() == "true"

@@ -1,0 +1,14 @@
+"""``python -m tagmem.compat.tms_env``: prints the shell lines that make ``import
+torch_memory_saver`` give tagmem's drop-in in every process started from that shell (see
+_tms_env: Note [torch_memory_saver under its own name])."""
+
+from ._tms_env import ENABLE_VARIABLE, shim_path
+
+
+def main():
+    print(f"export {ENABLE_VARIABLE}=1")
+    print(f'export PYTHONPATH="{shim_path()}${{PYTHONPATH:+:$PYTHONPATH}}"')
+
+
+if __name__ == "__main__":
+    main()
