@@ -63,6 +63,9 @@ typedef struct tagmem_nccl_stats {
   uint64_t pause_count;
   uint64_t resume_count;
   int paused; /* 1 between a successful pause and a successful resume */
+  /* Pinned host bytes the backup store has handed out: backup_bytes, plus backups of a pause
+   * that timed out while copies into them were still running, given back when those end. */
+  size_t backup_store_used_bytes;
 } tagmem_nccl_stats;
 
 /* Releases the `nccl` tag collectively across the `size` processes of group `group`; this

@@ -39,6 +39,9 @@ std::uint64_t emu_device_used_bytes(int device);
 std::uint64_t emu_live_allocations();
 std::uint64_t emu_live_mappings();
 void emu_fail_call(const char* entry, std::uint64_t nth, CUresult error);
+void emu_clear_faults();
+std::uint64_t emu_call_count(const char* entry);  // null: every entry point
+std::uint64_t emu_pinned_host_bytes();
 void emu_set_copy_bytes_per_second(std::uint64_t bps);
 void emu_set_device_bytes(int device, std::uint64_t bytes);
 std::uint64_t emu_device_bytes(int device);
@@ -56,6 +59,10 @@ struct buffer {
 buffer create_buffer(int device, std::size_t size, bool exportable, bool host_located = false);
 buffer import_buffer(int device, int fd, std::size_t size);
 buffer classic_buffer(std::size_t size);  // cuMemAlloc
+// Maps the memory of `b` a second time, at a new address (same handle, same bytes).
+buffer second_mapping(const buffer& b, int device);
+// Undoes second_mapping (unmap and free the address range; the memory stays with `b`).
+void free_second_mapping(buffer& b);
 int export_fd(const buffer& b);
 // Drops the application's handle, as NCCL may do once a buffer is mapped.
 void let_go_of_handle(buffer& b);
