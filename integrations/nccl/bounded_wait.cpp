@@ -46,8 +46,7 @@ void run(const std::shared_ptr<job>& j, std::shared_ptr<job> before, CUcontext c
     std::unique_lock lock(before->mutex);
     before->changed.wait(lock, [&] { return before->ended; });
   }
-  CUresult status = driver::api().cuCtxSetCurrent(context);
-  if (status == CUDA_SUCCESS) status = wait();
+  CUresult status = wait();
   std::function<void()> hand_over;
   {
     std::lock_guard lock(j->mutex);  // Note [who runs the hand-over]
@@ -60,7 +59,10 @@ void run(const std::shared_ptr<job>& j, std::shared_ptr<job> before, CUcontext c
       return;
     }
   }
-  if (hand_over) hand_over();
+  if (hand_over) {
+    driver::api().cuCtxSetCurrent(context);  // for the hand-over's calls; they report their own
+    hand_over();
+  }
   std::lock_guard lock(j->mutex);
   j->ended = true;
   j->changed.notify_all();

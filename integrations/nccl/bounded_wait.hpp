@@ -29,9 +29,10 @@ struct wait_outcome {
   CUresult status = CUDA_SUCCESS;  // the driver's answer, when in time
 };
 
-// Runs `wait` (a blocking driver call) on a helper thread with `device`'s primary context
-// current, after the device's late wait (if any) has ended, and waits for it until `until`.
-// When it does not end in time, `if_late` runs on the helper thread right after it ends.
+// Runs `wait` (a blocking driver call that names its context or stream) on a helper thread,
+// after the device's late wait (if any) has ended, and waits for it until `until`. When it does
+// not end in time, `if_late` runs on the helper thread right after it ends, with `device`'s
+// primary context current.
 // Throws DRIVER when the primary context is not available (then nothing was waited for and
 // `if_late` never runs). Without a thread to wait on, waits on the caller's, unbounded.
 wait_outcome wait_bounded(int device, deadline until, std::function<CUresult()> wait,

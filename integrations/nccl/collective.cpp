@@ -50,12 +50,14 @@
 #include "collective.hpp"
 
 #include <algorithm>
+#include <chrono>
 #include <exception>
 #include <functional>
 #include <map>
 #include <mutex>
 #include <optional>
 #include <set>
+#include <thread>
 
 #include "bounded_wait.hpp"
 #include "device_access.hpp"
@@ -180,12 +182,22 @@ void synchronize_devices(int timeout_ms) {
 
 // Waits for the copies queued on `device`'s copy stream. Returns their status when they end in
 // time; otherwise `if_late` runs once they have ended (it gives back what they use) and this
-// throws TIMEOUT.
+// throws TIMEOUT. Whatever the status, the copies have stopped when this returns: the memory
+// they use may be given back.
 CUresult wait_for_copies(int device, CUstream stream, int timeout_ms,
                          std::function<void()> if_late) {
-  wait_outcome w = wait_bounded(
-      device, deadline_after(timeout_ms),
-      [stream] { return driver::api().cuStreamSynchronize(stream); }, std::move(if_late));
+  auto wait = [stream] {
+    const auto& api = driver::api();
+    CUresult r = api.cuStreamSynchronize(stream);
+    // A failed wait says nothing about the copies: see them end before anything is given back.
+    if (r != CUDA_SUCCESS) {
+      while (api.cuStreamQuery(stream) == CUDA_ERROR_NOT_READY)
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    return r;
+  };
+  wait_outcome w =
+      wait_bounded(device, deadline_after(timeout_ms), std::move(wait), std::move(if_late));
   if (!w.in_time)
     fail(TAGMEM_ERROR_TIMEOUT,
          "copies on device " + std::to_string(device) + " did not finish within " + ms(timeout_ms));
