@@ -212,6 +212,38 @@ std::vector<unsigned char> pattern(std::uint64_t seed, std::size_t n) {
   return v;
 }
 
+filled::filled(int device, std::uint64_t seed, std::size_t each, int count) {
+  for (int i = 0; i < count; ++i) {
+    buffers.push_back(create_buffer(device, each, i == 0));
+    bytes.push_back(pattern(seed + i, each));
+    write_bytes(buffers.back(), 0, bytes.back());
+  }
+}
+
+filled::~filled() {
+  for (buffer& b : buffers) free_buffer(b);
+}
+
+bool filled::intact() const {
+  for (std::size_t i = 0; i < buffers.size(); ++i) {
+    if (!readable(buffers[i].va) || read_bytes(buffers[i], 0, bytes[i].size()) != bytes[i])
+      return false;
+  }
+  return true;
+}
+
+bool filled::all_readable() const {
+  for (const buffer& b : buffers)
+    if (!readable(b.va)) return false;
+  return true;
+}
+
+bool filled::none_readable() const {
+  for (const buffer& b : buffers)
+    if (readable(b.va)) return false;
+  return true;
+}
+
 bool readable(CUdeviceptr address) {
   int p[2];
   if (pipe2(p, O_CLOEXEC) != 0) return false;

@@ -75,6 +75,21 @@ std::vector<unsigned char> read_bytes(const buffer& b, std::size_t offset, std::
 // Deterministic pseudo-random bytes from a seed (both processes compute the same ones).
 std::vector<unsigned char> pattern(std::uint64_t seed, std::size_t n);
 
+// A few buffers with known random bytes (the first one exportable), checked whole; freed NCCL's
+// way when it goes.
+struct filled {
+  std::vector<buffer> buffers;
+  std::vector<std::vector<unsigned char>> bytes;
+
+  filled(int device, std::uint64_t seed, std::size_t each = 4ull << 20, int count = 3);
+  ~filled();
+  filled(const filled&) = delete;
+  filled& operator=(const filled&) = delete;
+  bool intact() const;         // every buffer readable and holding its bytes
+  bool all_readable() const;   // mapped, without reading the bytes (no copy)
+  bool none_readable() const;  // released
+};
+
 // Whether this process can read the byte at `address` (no fault; uses a pipe, never a signal).
 bool readable(CUdeviceptr address);
 

@@ -18,39 +18,6 @@ constexpr std::size_t MiB = 1ull << 20;
 
 bool mentions(const char* text, const char* part) { return std::strstr(text, part) != nullptr; }
 
-struct filled {
-  std::vector<buffer> buffers;
-  std::vector<std::vector<unsigned char>> bytes;
-
-  filled(std::uint64_t seed, std::size_t each, int count) {
-    for (int i = 0; i < count; ++i) {
-      buffers.push_back(create_buffer(0, each, false));
-      bytes.push_back(pattern(seed + i, each));
-      write_bytes(buffers.back(), 0, bytes.back());
-    }
-  }
-  ~filled() {
-    for (buffer& b : buffers) free_buffer(b);
-  }
-  bool intact() const {
-    for (std::size_t i = 0; i < buffers.size(); ++i) {
-      if (!readable(buffers[i].va) || read_bytes(buffers[i], 0, bytes[i].size()) != bytes[i])
-        return false;
-    }
-    return true;
-  }
-  bool all_readable() const {
-    for (const buffer& b : buffers)
-      if (!readable(b.va)) return false;
-    return true;
-  }
-  bool none_readable() const {
-    for (const buffer& b : buffers)
-      if (readable(b.va)) return false;
-    return true;
-  }
-};
-
 class PauseTimeout : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -65,7 +32,7 @@ class PauseTimeout : public ::testing::Test {
 };
 
 TEST_F(PauseTimeout, StalledDeviceWorkGivesTimeoutAndLeavesEverythingResidentAndIntact) {
-  filled mine(0x7170, 4 * MiB, 3);
+  filled mine(0, 0x7170, 4 * MiB, 3);
   // Device work that takes many times the timeout: 16 copies rewriting the bytes buffer 0
   // already holds, 2 MiB each at 2 MiB/s.
   emu_set_copy_bytes_per_second(2 * MiB);
@@ -100,7 +67,7 @@ TEST_F(PauseTimeout, StalledDeviceWorkGivesTimeoutAndLeavesEverythingResidentAnd
 }
 
 TEST_F(PauseTimeout, BackupCopiesOutlivingTheTimeoutKeepTheirHostMemoryUntilTheyEnd) {
-  filled mine(0x7180, 2 * MiB, 3);
+  filled mine(0, 0x7180, 2 * MiB, 3);
   emu_set_copy_bytes_per_second(1 * MiB);  // each backup copy takes two seconds
   std::string group = unique_group("slowbackup");
   tagmem_status st = shim().pause(group.c_str(), 0, 1, 300);
@@ -127,7 +94,7 @@ TEST_F(PauseTimeout, BackupCopiesOutlivingTheTimeoutKeepTheirHostMemoryUntilThey
 
 TEST_F(PauseTimeout, RefillOutlivingTheTimeoutLeavesThePauseInPlaceAndARetryResumes) {
   const std::uint64_t allocations_before = emu_live_allocations();
-  filled mine(0x7190, 2 * MiB, 3);
+  filled mine(0, 0x7190, 2 * MiB, 3);
   std::string group = unique_group("slowrefill");
   ASSERT_EQ(shim().pause(group.c_str(), 0, 1, 20000), TAGMEM_SUCCESS) << shim().last_error();
   emu_set_copy_bytes_per_second(1 * MiB);  // each refill copy takes two seconds
