@@ -24,9 +24,15 @@
  * checks that the other runs as the same user. Every wait is bounded by `timeout_ms`: a missing
  * or dead process gives TAGMEM_ERROR_TIMEOUT or TAGMEM_ERROR_PEER, processes that disagree (one
  * pauses while another resumes, different sizes, a rank taken twice) TAGMEM_ERROR_PEER, each
- * with a message naming the ranks involved. A failure before anything was released leaves every
- * process as it was; so does a resume that runs out of device memory in any process (all stay
- * paused with their bytes kept, and the call can be repeated).
+ * with a message naming the ranks involved. Waits for the device (its work before a pause, the
+ * copies to and from host memory) are bounded by `timeout_ms` too: a device that does not finish
+ * in time (a kernel waiting for a dead peer) gives TIMEOUT, and host or device memory that its
+ * late work still uses is given back only once that work ends; the next call waits for it first.
+ * A failed pause leaves every process as it was, a failed unmap included (every process maps
+ * its buffers back), with stats.paused 0; only if mapping back fails as well are the buffers
+ * concerned left released with their bytes, stats.paused is 1 in every process, and a resume
+ * restores them. A failed resume leaves every process paused with its bytes kept (out of
+ * device memory included) and can be repeated.
  */
 #ifndef TAGMEM_TAGMEM_NCCL_H
 #define TAGMEM_TAGMEM_NCCL_H
@@ -63,6 +69,9 @@ typedef struct tagmem_nccl_stats {
   uint64_t pause_count;
   uint64_t resume_count;
   int paused; /* 1 between a successful pause and a successful resume */
+  /* Pinned host bytes the backup store has handed out: backup_bytes, plus backups of a pause
+   * that timed out while copies into them were still running, given back when those end. */
+  size_t backup_store_used_bytes;
 } tagmem_nccl_stats;
 
 /* Releases the `nccl` tag collectively across the `size` processes of group `group`; this

@@ -1,15 +1,16 @@
 // collective.cpp — the steps of a collective pause and resume of NCCL's memory.
 //
 // Pause, on every rank at once:
-//  1. join the group; wait for this process's devices to go idle; all ranks confirm (a peer's
-//     kernels write into our buffers, so nobody copies before every device is idle);
+//  1. join the group; wait for this process's devices to go idle, within the timeout
+//     (bounded_wait.hpp); all ranks confirm (a peer's kernels write into our buffers, so nobody
+//     copies before every device is idle);
 //  2. match shared allocations (Note [matching shared allocations]);
 //  3. decide, for every allocation, whether it can be released (Note [what stays resident]);
 //  4. copy the bytes of the allocations this process created to pinned host memory; all ranks
 //     confirm — a failure anywhere so far leaves every rank as it was;
-//  5. unmap and release: the allocations created here and the ones imported from peers. The
-//     memory goes back to the driver when the last process lets go of it, which is the point
-//     of doing this together.
+//  5. unmap and release: the allocations created here and the ones imported from peers, in two
+//     phases (Note [two-phase release]). The memory goes back to the driver when the last
+//     process lets go of it, which is the point of doing this together.
 // Resume:
 //  1. join; rebuild every released allocation created here — cuMemCreate with the recorded
 //     properties, map at each recorded address, set the recorded access, copy the bytes back;
@@ -36,19 +37,35 @@
 // exported as a dma-buf (what a NIC registers for GPUDirect RDMA), and — for one created here —
 // some mapping covers all of it (so its bytes can be copied). Everything else stays mapped and is
 // counted in last_kept_bytes. An import whose owner is unknown stays mapped too.
+//
+// Note [two-phase release]: an unmap can fail half-way through an allocation's mappings, and
+// the processes sharing an allocation must end up on the same memory. So every rank first
+// detaches what it releases (record_moves.hpp: unmapped, but with a driver reference that keeps
+// the memory and its bytes), and all ranks confirm. If any rank failed to detach anything, every
+// rank maps everything back where it was and drops the backups: the pause fails leaving every
+// rank as it was, and can simply be repeated. Only when all ranks detached everything do they
+// drop their references. Should mapping back fail as well (a second failure), that allocation
+// is released instead, with its backup, and the ranks agree to count themselves paused so that
+// a resume rebuilds it.
 #include "collective.hpp"
 
 #include <algorithm>
+#include <chrono>
+#include <exception>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <optional>
 #include <set>
+#include <thread>
 
+#include "bounded_wait.hpp"
 #include "device_access.hpp"
 #include "driver/driver.hpp"
 #include "error.hpp"
 #include "fd_identity.hpp"
 #include "interposed.hpp"
+#include "record_moves.hpp"
 #include "records.hpp"
 #include "wire.hpp"
 
@@ -125,15 +142,66 @@ std::size_t& origin_slot(state& s, const allocation& a) {
   return a.exported_ever ? s.last_released[1] : s.last_released[0];
 }
 
-void synchronize_devices() {
+bool any_failed(const std::vector<rank_outcome>& all) {
+  return std::any_of(all.begin(), all.end(),
+                     [](const rank_outcome& o) { return o.status != TAGMEM_SUCCESS; });
+}
+
+std::string ms(int timeout_ms) { return std::to_string(timeout_ms) + " ms"; }
+
+// Work left over from an earlier call that timed out must end before this one touches a device.
+void settle_earlier_waits(deadline until, int timeout_ms) {
+  int busy = -1;
+  if (!settle_late_waits(until, &busy))
+    fail(TAGMEM_ERROR_TIMEOUT, "device " + std::to_string(busy) +
+                                   " is still busy with work that outlived an earlier timeout "
+                                   "(waited " +
+                                   ms(timeout_ms) + ")");
+}
+
+// Waits for every device with a record to be idle, each wait bounded (bounded_wait.hpp).
+void synchronize_devices(int timeout_ms) {
   std::set<int> devices;
   records().for_each([&](allocation& a) {
     if (device_of(a) >= 0) devices.insert(device_of(a));
   });
+  deadline until = deadline_after(timeout_ms);
+  settle_earlier_waits(until, timeout_ms);
   for (int d : devices) {
-    device_scope scope(d);
-    TAGMEM_CU(cuCtxSynchronize, primary_context(d));
+    CUcontext context = primary_context(d);
+    wait_outcome w =
+        wait_bounded(d, until, [context] { return driver::api().cuCtxSynchronize(context); }, {});
+    if (!w.in_time)
+      fail(TAGMEM_ERROR_TIMEOUT, "device " + std::to_string(d) +
+                                     " did not finish its work within " + ms(timeout_ms) +
+                                     " (a kernel waiting for a peer that is gone?); nothing was "
+                                     "copied or released");
+    driver::check(w.status, "cuCtxSynchronize");
   }
+}
+
+// Waits for the copies queued on `device`'s copy stream. Returns their status when they end in
+// time; otherwise `if_late` runs once they have ended (it gives back what they use) and this
+// throws TIMEOUT. Whatever the status, the copies have stopped when this returns: the memory
+// they use may be given back.
+CUresult wait_for_copies(int device, CUstream stream, int timeout_ms,
+                         std::function<void()> if_late) {
+  auto wait = [stream] {
+    const auto& api = driver::api();
+    CUresult r = api.cuStreamSynchronize(stream);
+    // A failed wait says nothing about the copies: see them end before anything is given back.
+    if (r != CUDA_SUCCESS) {
+      while (api.cuStreamQuery(stream) == CUDA_ERROR_NOT_READY)
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    return r;
+  };
+  wait_outcome w =
+      wait_bounded(device, deadline_after(timeout_ms), std::move(wait), std::move(if_late));
+  if (!w.in_time)
+    fail(TAGMEM_ERROR_TIMEOUT,
+         "copies on device " + std::to_string(device) + " did not finish within " + ms(timeout_ms));
+  return w.status;
 }
 
 // ---- pause ---------------------------------------------------------------------------------
@@ -241,9 +309,54 @@ std::set<std::uint64_t> decide(group_session& s) {
   return release;
 }
 
+void give_back_backups(const std::vector<allocation*>& list) {
+  for (allocation* a : list) {
+    if (host_store* store = existing_backup_store()) store->release(a->backup);
+    a->backup.clear();
+  }
+}
+
+// Copies the bytes of `list` (records on `device`) to pinned host memory. On failure every
+// backup is off the records: given back, or — while copies may still write into it — handed to
+// the late wait, which gives it back once they have ended.
+void back_up_device(int device, const std::vector<allocation*>& list, int timeout_ms) {
+  host_store& store = backup_store(device);
+  device_scope scope(device);
+  CUstream stream = copy_stream(device);
+  std::vector<allocation*> queued;
+  std::exception_ptr failed;
+  try {
+    queued.reserve(list.size());
+    for (allocation* a : list) {
+      a->backup = store.acquire(a->size);
+      queued.push_back(a);
+      queue_to_host(a->backup, full_mapping(*a)->va, stream);
+    }
+  } catch (...) {
+    failed = std::current_exception();
+  }
+  auto in_flight = std::make_shared<meta_vector<host_extent>>();
+  for (allocation* a : queued)
+    in_flight->insert(in_flight->end(), a->backup.begin(), a->backup.end());
+  CUresult status = CUDA_SUCCESS;
+  try {
+    status = wait_for_copies(device, stream, timeout_ms, [in_flight] {
+      if (host_store* s = existing_backup_store()) s->release(*in_flight);
+    });
+  } catch (...) {
+    for (allocation* a : queued) a->backup.clear();  // the late wait gives them back
+    throw;
+  }
+  if (failed || status != CUDA_SUCCESS) {
+    give_back_backups(queued);
+    if (failed) std::rethrow_exception(failed);
+    driver::check(status, "cuStreamSynchronize");
+  }
+}
+
 // Step 4: copies the bytes of the local records in `release` to pinned host memory.
-void back_up(const std::set<std::uint64_t>& release) {
-  std::map<int, meta_vector<allocation*>> by_device;
+void back_up(const std::set<std::uint64_t>& release, int timeout_ms) {
+  std::map<int, std::vector<allocation*>> by_device;
   for (std::uint64_t id : release) {
     allocation* a = records().by_id(id);
     if (local(*a)) by_device[device_of(*a)].push_back(a);
@@ -251,69 +364,66 @@ void back_up(const std::set<std::uint64_t>& release) {
   std::vector<allocation*> done;
   try {
     for (auto& [device, list] : by_device) {
-      host_store& store = backup_store(device);
-      device_scope scope(device);
-      CUstream stream = copy_stream(device);
-      for (allocation* a : list) {
-        a->backup = store.acquire(a->size);
-        done.push_back(a);
-        queue_to_host(a->backup, full_mapping(*a)->va, stream);
-      }
-      TAGMEM_CU(cuStreamSynchronize, stream);
+      back_up_device(device, list, timeout_ms);
+      done.insert(done.end(), list.begin(), list.end());
     }
   } catch (...) {
-    for (allocation* a : done) {
-      if (host_store* store = existing_backup_store()) store->release(a->backup);
-      a->backup.clear();
-    }
+    give_back_backups(done);
     throw;
   }
 }
 
+// Gives back the backups of the records in `release` that are resident.
 void forget_backups(const std::set<std::uint64_t>& release) {
   for (std::uint64_t id : release) {
     allocation* a = records().by_id(id);
-    if (a && !a->backup.empty()) {
-      if (host_store* store = existing_backup_store()) store->release(a->backup);
-      a->backup.clear();
-    }
+    if (a && !a->released && !a->backup.empty()) give_back_backups({a});
   }
 }
 
-// Step 5: unmaps and releases. Errors are collected; every record is attempted.
-void release_all(const std::set<std::uint64_t>& release) {
-  const auto& api = driver::api();
-  std::string failures;
-  state fresh;
+// Step 5, first phase (Note [two-phase release]): detaches every record in `release`, in
+// `off`. Stops at the first failure (that record is as it was).
+void detach_all(const std::set<std::uint64_t>& release, std::vector<detached>& off) {
+  off.reserve(release.size());
   for (std::uint64_t id : release) {
     allocation* a = records().by_id(id);
     maybe_device_scope scope(device_of(*a));
-    bool ok = true;
-    for (const mapping_record& m : a->mappings) {
-      if (CUresult r = api.cuMemUnmap(m.va, m.size); r != CUDA_SUCCESS) {
-        ok = false;
-        failures += " cuMemUnmap(" + std::to_string(m.va) + "): " + driver::describe(r) + ";";
-      }
+    off.push_back(detach(*a));
+  }
+}
+
+// Maps every detached record back. One that cannot be is released instead (it keeps its
+// backup); returns false then, with the reasons in `failures`.
+bool put_back(std::vector<detached>& off, std::string& failures) {
+  bool whole = true;
+  for (const detached& d : off) {
+    try {
+      maybe_device_scope scope(device_of(*d.a));
+      reattach(d);
+      end_borrow(d);
+    } catch (const error& e) {
+      whole = false;
+      failures +=
+          std::string(" ") + e.what() + ": buffer " + std::to_string(d.a->id) + " stays released;";
+      finish_release(d);
     }
-    if (!ok) continue;  // still mapped: stays resident, bytes and backup both kept
-    if (a->real_held) {
-      if (CUresult r = api.cuMemRelease(a->real); r != CUDA_SUCCESS)
-        failures += " cuMemRelease: " + driver::describe(r) + ";";
-    }
-    a->real = 0;
-    a->real_held = false;
-    a->released = true;
-    for (const export_record& e : a->exports) close_quietly(e.fd);
-    a->exports.clear();
-    close_quietly(a->import_fd);
-    a->import_fd = -1;
+  }
+  off.clear();
+  return whole;
+}
+
+// The last pause's released bytes, by origin.
+void count_released(const std::set<std::uint64_t>& release) {
+  state fresh;
+  for (std::uint64_t id : release) {
+    allocation* a = records().by_id(id);
+    if (!a || !a->released) continue;
     origin_slot(fresh, *a) += a->size;
     fresh.last_released_allocations++;
   }
   std::copy(std::begin(fresh.last_released), std::end(fresh.last_released),
             std::begin(g_state.last_released));
   g_state.last_released_allocations = fresh.last_released_allocations;
-  if (!failures.empty()) fail(TAGMEM_ERROR_DRIVER, "releasing NCCL's buffers failed:" + failures);
 }
 
 void count_kept() {
@@ -331,69 +441,96 @@ void count_kept() {
 struct rebuilt {
   allocation* a;
   CUmemGenericAllocationHandle handle;
-  std::size_t mapped;  // mappings of a mapped so far
+  bool mapped;  // at every recorded mapping of a
 };
 
-// Maps `handle` at every recorded mapping of `a` with its recorded access. On failure unmaps
-// what it mapped and throws.
-void map_everywhere(allocation& a, CUmemGenericAllocationHandle handle) {
-  const auto& api = driver::api();
-  std::size_t mapped = 0;
-  try {
-    for (const mapping_record& m : a.mappings) {
-      TAGMEM_CU(cuMemMap, m.va, m.size, m.offset, handle, 0);
-      ++mapped;
-      if (!m.access.empty())
-        TAGMEM_CU(cuMemSetAccess, m.va, m.size, m.access.data(), m.access.size());
-    }
-  } catch (...) {
-    for (std::size_t i = 0; i < mapped; ++i) api.cuMemUnmap(a.mappings[i].va, a.mappings[i].size);
-    throw;
+// What undoing a rebuild takes, copied out of the records so that a late wait can do it.
+struct unbuild {
+  CUmemGenericAllocationHandle handle = 0;
+  std::vector<std::pair<CUdeviceptr, std::size_t>> mappings;  // empty when not mapped
+};
+
+std::vector<unbuild> to_unbuild(const std::vector<rebuilt>& done) {
+  std::vector<unbuild> out;
+  for (const rebuilt& r : done) {
+    unbuild u{r.handle, {}};
+    if (r.mapped)
+      for (const mapping_record& m : r.a->mappings) u.mappings.emplace_back(m.va, m.size);
+    out.push_back(std::move(u));
+  }
+  return out;
+}
+
+void run_unbuild(const std::vector<unbuild>& list) {
+  for (const unbuild& u : list) {
+    for (auto [va, size] : u.mappings) driver::api().cuMemUnmap(va, size);
+    driver::api().cuMemRelease(u.handle);
   }
 }
 
-void unmap_everywhere(allocation& a) {
-  for (const mapping_record& m : a.mappings) driver::api().cuMemUnmap(m.va, m.size);
+// Rebuilds and refills the released local records of one device, in `out`. On failure, what it
+// rebuilt is undone: now, or — while copies may still fill it — by the late wait once they end.
+void rebuild_device(int device, const std::vector<allocation*>& list, int timeout_ms,
+                    std::vector<rebuilt>& out) {
+  if (!settle_late_wait(device, deadline_after(timeout_ms)))
+    fail(TAGMEM_ERROR_TIMEOUT, "device " + std::to_string(device) +
+                                   " is still busy with work that outlived an earlier timeout "
+                                   "(waited " +
+                                   ms(timeout_ms) + ")");
+  device_scope scope(device);
+  CUstream stream = copy_stream(device);
+  std::vector<rebuilt> here;
+  std::exception_ptr failed;
+  try {
+    here.reserve(list.size());
+    for (allocation* a : list) {
+      CUmemGenericAllocationHandle h = 0;
+      TAGMEM_CU(cuMemCreate, &h, a->size, &a->prop, 0);
+      here.push_back({a, h, false});
+      map_everywhere(*a, h);
+      here.back().mapped = true;
+      queue_to_device(a->backup, full_mapping(*a)->va, stream);
+    }
+  } catch (...) {
+    failed = std::current_exception();
+  }
+  auto pending = std::make_shared<std::vector<unbuild>>(to_unbuild(here));
+  CUresult status =
+      wait_for_copies(device, stream, timeout_ms, [pending] { run_unbuild(*pending); });
+  if (failed || status != CUDA_SUCCESS) {
+    run_unbuild(*pending);
+    if (failed) std::rethrow_exception(failed);
+    driver::check(status, "cuStreamSynchronize");
+  }
+  out.insert(out.end(), here.begin(), here.end());
+}
+
+void undo(std::vector<rebuilt>& done) {
+  for (const rebuilt& r : done) {
+    try {
+      device_scope scope(device_of(*r.a));
+      run_unbuild(to_unbuild({r}));
+    } catch (const error&) {
+      run_unbuild(to_unbuild({r}));  // the calls need no context of their own
+    }
+  }
+  done.clear();
 }
 
 // Resume step 1 for this rank: rebuilds and refills; on failure undoes everything it did.
-std::vector<rebuilt> rebuild_local() {
+std::vector<rebuilt> rebuild_local(int timeout_ms) {
   std::vector<rebuilt> out;
   std::map<int, std::vector<allocation*>> by_device;
   records().for_each([&](allocation& a) {
     if (local(a) && a.released) by_device[device_of(a)].push_back(&a);
   });
   try {
-    for (auto& [device, list] : by_device) {
-      device_scope scope(device);
-      CUstream stream = copy_stream(device);
-      for (allocation* a : list) {
-        CUmemGenericAllocationHandle h = 0;
-        TAGMEM_CU(cuMemCreate, &h, a->size, &a->prop, 0);
-        out.push_back({a, h, 0});
-        map_everywhere(*a, h);
-        out.back().mapped = a->mappings.size();
-        queue_to_device(a->backup, full_mapping(*a)->va, stream);
-      }
-      TAGMEM_CU(cuStreamSynchronize, stream);
-    }
+    for (auto& [device, list] : by_device) rebuild_device(device, list, timeout_ms, out);
   } catch (...) {
-    for (rebuilt& r : out) {
-      if (r.mapped) unmap_everywhere(*r.a);
-      driver::api().cuMemRelease(r.handle);
-    }
+    undo(out);
     throw;
   }
   return out;
-}
-
-void undo(std::vector<rebuilt>& done) {
-  for (rebuilt& r : done) {
-    device_scope scope(device_of(*r.a));
-    unmap_everywhere(*r.a);
-    driver::api().cuMemRelease(r.handle);
-  }
-  done.clear();
 }
 
 void commit(std::vector<rebuilt>& done) {
@@ -402,12 +539,11 @@ void commit(std::vector<rebuilt>& done) {
     a.real = r.handle;
     a.real_held = true;
     if (a.from == origin::created && a.app_refs == 0) {  // NCCL had let go of its handle
-      driver::api().cuMemRelease(r.handle);
+      release_or_keep(r.handle);
       a.real_held = false;
     }
     a.released = false;
-    if (host_store* store = existing_backup_store()) store->release(a.backup);
-    a.backup.clear();
+    give_back_backups({&a});
   }
 }
 
@@ -442,7 +578,7 @@ void reshare(group_session& s) {
         if (!borrowed || res == CUDA_SUCCESS) {
           res = driver::api().cuMemExportToShareableHandle(
               &fd, h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
-          if (borrowed) driver::api().cuMemRelease(h);
+          if (borrowed) release_or_keep(h);
         }
       }
       letter l;
@@ -479,13 +615,13 @@ void reshare(group_session& s) {
         try {
           map_everywhere(b, h);
         } catch (...) {
-          driver::api().cuMemRelease(h);
+          release_or_keep(h);
           throw;
         }
         b.real = h;
         b.real_held = true;
         if (b.app_refs == 0) {
-          driver::api().cuMemRelease(h);
+          release_or_keep(h);
           b.real_held = false;
         }
         b.released = false;
@@ -509,40 +645,78 @@ void reshare(group_session& s) {
 
 void pause(const group_spec& spec) {
   std::lock_guard lock(records().mutex());
+  drop_leftovers();
   auto s = group_session::join(spec, group_op::pause, !g_state.paused, TAGMEM_ERROR_TAG_OFFLOADED,
                                "the nccl tag is already paused (resume it first)");
   const int me = s->rank();
-  throw_if_failed(s->outcomes(attempt(synchronize_devices), "waiting for the devices to be idle"),
+  throw_if_failed(s->outcomes(attempt([&] { synchronize_devices(spec.timeout_ms); }),
+                              "waiting for the devices to be idle"),
                   me, "waiting for its devices to be idle");
   match(*s);
   std::set<std::uint64_t> release = decide(*s);
   std::vector<rank_outcome> copied;
   try {
-    copied = s->outcomes(attempt([&] { back_up(release); }), "copying bytes to the host");
+    copied = s->outcomes(attempt([&] { back_up(release, spec.timeout_ms); }),
+                         "copying bytes to the host");
   } catch (...) {
     forget_backups(release);  // a rank vanished: nothing was released anywhere
     throw;
   }
-  if (std::any_of(copied.begin(), copied.end(),
-                  [](const rank_outcome& o) { return o.status != TAGMEM_SUCCESS; })) {
+  if (any_failed(copied)) {
     forget_backups(release);  // nothing was released anywhere: every rank stays as it was
     throw_if_failed(copied, me, "copying NCCL's bytes to the host");
   }
-  // Past this point nothing can be undone: the memory goes.
-  rank_outcome mine = attempt([&] { release_all(release); });
+  // Note [two-phase release]
+  std::vector<detached> off;
+  rank_outcome mine = attempt([&] { detach_all(release, off); });
+  std::vector<rank_outcome> unmapped;
+  std::string failures;
+  try {
+    unmapped = s->outcomes(mine, "unmapping");
+  } catch (...) {
+    bool whole = put_back(off, failures);  // a rank vanished: the others put theirs back too
+    forget_backups(release);
+    if (!whole) {
+      g_state.paused = true;
+      g_state.pause_count++;
+      count_released(release);
+      count_kept();
+    }
+    throw;
+  }
+  if (any_failed(unmapped)) {
+    bool whole = put_back(off, failures);
+    forget_backups(release);
+    bool all_whole = whole;
+    try {
+      all_whole = !any_failed(s->outcomes(
+          whole ? rank_outcome{} : rank_outcome{TAGMEM_ERROR_DRIVER, failures}, "mapping back"));
+    } catch (const error&) {
+      // A rank vanished: this one's own result is all it knows.
+    }
+    if (!all_whole) {  // a resume rebuilds what some rank could not map back
+      g_state.paused = true;
+      g_state.pause_count++;
+      count_released(release);
+      count_kept();
+    }
+    throw_if_failed(unmapped, me, "unmapping NCCL's buffers (every rank mapped them back)");
+  }
+  for (const detached& d : off) finish_release(d);
   g_state.paused = true;
   g_state.pause_count++;
+  count_released(release);
   count_kept();
-  throw_if_failed(s->outcomes(mine, "releasing"), me, "releasing NCCL's buffers");
 }
 
 void resume(const group_spec& spec) {
   std::lock_guard lock(records().mutex());
+  drop_leftovers();
   auto s = group_session::join(spec, group_op::resume, g_state.paused, TAGMEM_ERROR_TAG_RESIDENT,
                                "the nccl tag is not paused; nothing to resume");
   const int me = s->rank();
   std::vector<rebuilt> done;
-  rank_outcome mine = attempt([&] { done = rebuild_local(); });
+  rank_outcome mine = attempt([&] { done = rebuild_local(spec.timeout_ms); });
   std::vector<rank_outcome> all;
   try {
     all = s->outcomes(mine, "rebuilding buffers");
@@ -550,9 +724,7 @@ void resume(const group_spec& spec) {
     undo(done);  // a rank vanished: stay paused with the backup
     throw;
   }
-  bool any_failed = std::any_of(all.begin(), all.end(),
-                                [](const rank_outcome& o) { return o.status != TAGMEM_SUCCESS; });
-  if (any_failed) {
+  if (any_failed(all)) {
     undo(done);  // every rank stays paused with its backup, so the call can be repeated
     throw_if_failed(all, me, "rebuilding NCCL's buffers");
   }
@@ -597,6 +769,8 @@ tagmem_nccl_stats stats() {
   st.pause_count = g_state.pause_count;
   st.resume_count = g_state.resume_count;
   st.paused = g_state.paused ? 1 : 0;
+  if (host_store* store = existing_backup_store())
+    st.backup_store_used_bytes = store->stats().used_bytes;
   return st;
 }
 

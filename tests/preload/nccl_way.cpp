@@ -96,6 +96,12 @@ void emu_fail_call(const char* entry, std::uint64_t nth, CUresult error) {
   emu_fn<int (*)(const char*, std::uint64_t, CUresult)>("tagmem_emu_fail_call")(entry, nth, error);
 }
 void emu_clear_faults() { emu_fn<void (*)()>("tagmem_emu_clear_faults")(); }
+std::uint64_t emu_call_count(const char* entry) {
+  return emu_fn<std::uint64_t (*)(const char*)>("tagmem_emu_call_count")(entry);
+}
+std::uint64_t emu_pinned_host_bytes() {
+  return emu_fn<std::uint64_t (*)()>("tagmem_emu_pinned_host_bytes")();
+}
 void emu_set_copy_bytes_per_second(std::uint64_t bps) {
   emu_fn<void (*)(std::uint64_t)>("tagmem_emu_set_copy_bytes_per_second")(bps);
 }
@@ -142,6 +148,18 @@ buffer classic_buffer(std::size_t size) {
   b.how = buffer::classic;
   check(nccl().cuMemAlloc(&b.va, size), "cuMemAlloc");
   return b;
+}
+
+buffer second_mapping(const buffer& b, int device) {
+  buffer again = b;
+  map_for_device(again, device);
+  return again;
+}
+
+void free_second_mapping(buffer& b) {
+  check(nccl().cuMemUnmap(b.va, b.size), "cuMemUnmap");
+  check(nccl().cuMemAddressFree(b.va, b.size), "cuMemAddressFree");
+  b = buffer{};
 }
 
 int export_fd(const buffer& b) {
@@ -192,6 +210,38 @@ std::vector<unsigned char> pattern(std::uint64_t seed, std::size_t n) {
     std::memcpy(&v[i], &x, std::min<std::size_t>(8, n - i));
   }
   return v;
+}
+
+filled::filled(int device, std::uint64_t seed, std::size_t each, int count) {
+  for (int i = 0; i < count; ++i) {
+    buffers.push_back(create_buffer(device, each, i == 0));
+    bytes.push_back(pattern(seed + i, each));
+    write_bytes(buffers.back(), 0, bytes.back());
+  }
+}
+
+filled::~filled() {
+  for (buffer& b : buffers) free_buffer(b);
+}
+
+bool filled::intact() const {
+  for (std::size_t i = 0; i < buffers.size(); ++i) {
+    if (!readable(buffers[i].va) || read_bytes(buffers[i], 0, bytes[i].size()) != bytes[i])
+      return false;
+  }
+  return true;
+}
+
+bool filled::all_readable() const {
+  for (const buffer& b : buffers)
+    if (!readable(b.va)) return false;
+  return true;
+}
+
+bool filled::none_readable() const {
+  for (const buffer& b : buffers)
+    if (readable(b.va)) return false;
+  return true;
 }
 
 bool readable(CUdeviceptr address) {

@@ -40,6 +40,8 @@ std::uint64_t emu_live_allocations();
 std::uint64_t emu_live_mappings();
 void emu_fail_call(const char* entry, std::uint64_t nth, CUresult error);
 void emu_clear_faults();  // disarms the faults not yet fired
+std::uint64_t emu_call_count(const char* entry);  // null: every entry point
+std::uint64_t emu_pinned_host_bytes();
 void emu_set_copy_bytes_per_second(std::uint64_t bps);
 void emu_set_device_bytes(int device, std::uint64_t bytes);
 std::uint64_t emu_device_bytes(int device);
@@ -57,6 +59,10 @@ struct buffer {
 buffer create_buffer(int device, std::size_t size, bool exportable, bool host_located = false);
 buffer import_buffer(int device, int fd, std::size_t size);
 buffer classic_buffer(std::size_t size);  // cuMemAlloc
+// Maps the memory of `b` a second time, at a new address (same handle, same bytes).
+buffer second_mapping(const buffer& b, int device);
+// Undoes second_mapping (unmap and free the address range; the memory stays with `b`).
+void free_second_mapping(buffer& b);
 int export_fd(const buffer& b);
 // Drops the application's handle, as NCCL may do once a buffer is mapped.
 void let_go_of_handle(buffer& b);
@@ -68,6 +74,21 @@ std::vector<unsigned char> read_bytes(const buffer& b, std::size_t offset, std::
 
 // Deterministic pseudo-random bytes from a seed (both processes compute the same ones).
 std::vector<unsigned char> pattern(std::uint64_t seed, std::size_t n);
+
+// A few buffers with known random bytes (the first one exportable), checked whole; freed NCCL's
+// way when it goes.
+struct filled {
+  std::vector<buffer> buffers;
+  std::vector<std::vector<unsigned char>> bytes;
+
+  filled(int device, std::uint64_t seed, std::size_t each = 4ull << 20, int count = 3);
+  ~filled();
+  filled(const filled&) = delete;
+  filled& operator=(const filled&) = delete;
+  bool intact() const;         // every buffer readable and holding its bytes
+  bool all_readable() const;   // mapped, without reading the bytes (no copy)
+  bool none_readable() const;  // released
+};
 
 // Whether this process can read the byte at `address` (no fault; uses a pipe, never a signal).
 bool readable(CUdeviceptr address);

@@ -22,30 +22,6 @@ namespace {
 
 constexpr std::size_t MiB = 1ull << 20;
 
-// A few buffers with known bytes, checked whole.
-struct filled {
-  std::vector<buffer> buffers;
-  std::vector<std::vector<unsigned char>> bytes;
-
-  filled(int device, std::uint64_t seed, std::size_t each = 4 * MiB, int count = 3) {
-    for (int i = 0; i < count; ++i) {
-      buffers.push_back(create_buffer(device, each, i == 0));
-      bytes.push_back(pattern(seed + i, each));
-      write_bytes(buffers.back(), 0, bytes.back());
-    }
-  }
-  ~filled() {
-    for (buffer& b : buffers) free_buffer(b);
-  }
-  bool intact() const {
-    for (std::size_t i = 0; i < buffers.size(); ++i) {
-      if (!readable(buffers[i].va) || read_bytes(buffers[i], 0, bytes[i].size()) != bytes[i])
-        return false;
-    }
-    return true;
-  }
-};
-
 bool mentions(const char* text, const char* part) { return std::strstr(text, part) != nullptr; }
 
 std::string rendezvous_dir() {

@@ -22,8 +22,9 @@ _SIZE_FIELDS = [
 
 
 class NcclStats(ctypes.Structure):
-    """Mirror of tagmem_nccl_stats (every field 64-bit but the last)."""
-    _fields_ = [(name, ctypes.c_uint64) for name in _SIZE_FIELDS] + [("paused", ctypes.c_int)]
+    """Mirror of tagmem_nccl_stats (every field 64-bit but `paused`)."""
+    _fields_ = ([(name, ctypes.c_uint64) for name in _SIZE_FIELDS] + [("paused", ctypes.c_int)]
+                + [("backup_store_used_bytes", ctypes.c_uint64)])
 
     def as_dict(self):
         return {name: getattr(self, name) for name, _ in self._fields_}
