@@ -170,7 +170,8 @@ void match(group_session& s) {
   s.mail(
       outbox,
       [&](int from, const std::string& blob, owned_fds& fds) {
-        export_letter l = decode_export_letter(blob);
+        export_letter l =
+            decode_from(s.describe(from), "matching", [&] { return decode_export_letter(blob); });
         records().for_each([&](allocation& b) {
           if (b.from != origin::imported || b.import_fd < 0) return;
           for (std::size_t i = 0; i < fds.size(); ++i) {
@@ -245,7 +246,8 @@ std::set<std::uint64_t> decide(group_session& s) {
       s.all_gather(encode_claims(mine), "telling owners who maps their buffers");
   std::map<std::uint64_t, bool> importers_agree;  // my record id -> every claimer can release
   for (int rank = 0; rank < s.size(); ++rank) {
-    for (const claim& c : decode_claims(all[rank])) {
+    for (const claim& c : decode_from(s.describe(rank), "claiming buffers",
+                                      [&] { return decode_claims(all[rank]); })) {
       if (c.owner != s.rank()) continue;
       allocation* a = records().by_id(c.id);
       if (a && local(*a)) {
@@ -287,7 +289,9 @@ std::set<std::uint64_t> decide(group_session& s) {
   all = s.all_gather(encode_decisions(decisions), "agreeing on what to release");
   std::map<std::pair<int, std::uint64_t>, bool> owner_says;
   for (int rank = 0; rank < s.size(); ++rank) {
-    for (const decision& d : decode_decisions(all[rank])) owner_says[{rank, d.id}] = d.release;
+    for (const decision& d :
+         decode_from(s.describe(rank), "deciding", [&] { return decode_decisions(all[rank]); }))
+      owner_says[{rank, d.id}] = d.release;
   }
   records().for_each([&](allocation& b) {
     if (b.from != origin::imported || !releasable_here(b)) return;
@@ -489,7 +493,8 @@ void reshare(group_session& s) {
   std::vector<int> exported;
   for (int rank = 0; rank < s.size(); ++rank) {
     std::set<std::uint64_t> sent;
-    for (const need& n : decode_needs(all[rank])) {
+    for (const need& n : decode_from(s.describe(rank), "asking for handles",
+                                     [&] { return decode_needs(all[rank]); })) {
       if (n.owner != s.rank() || !sent.insert(n.id).second) continue;
       allocation* a = records().by_id(n.id);
       int fd = -1;
@@ -526,7 +531,8 @@ void reshare(group_session& s) {
     }
   }
   auto on_letter = [&](int from, const std::string& blob, owned_fds& fds) {
-    handle_letter l = decode_handle_letter(blob);
+    handle_letter l = decode_from(s.describe(from), "handing out handles",
+                                  [&] { return decode_handle_letter(blob); });
     bool ok = l.ok && fds.size() == 1;
     records().for_each([&](allocation& b) {
       if (b.from != origin::imported || !b.released || b.source_rank != from ||

@@ -12,6 +12,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <thread>
 
 #include "error.hpp"
@@ -146,9 +147,27 @@ void group_session::abort_all(tagmem_status code, const std::string& text) {
   fail(code, text);
 }
 
+void group_session::send_to_hub(std::uint32_t type, const std::string& payload,
+                                const std::vector<int>& fds, const char* what) {
+  try {
+    hub_->send(type, payload, fds, spec_.timeout_ms, what);
+  } catch (const error&) {
+    // Rank 0 may have stopped the group and closed before this arrived: its reason, sent
+    // first, may be waiting to be read.
+    std::optional<message> why;
+    try {
+      why = hub_->receive(std::min(spec_.timeout_ms, 1000), "reading why rank 0 stopped");
+    } catch (const error&) {
+    }
+    if (why) check_abort(*why);
+    throw;
+  }
+}
+
 void group_session::check_abort(const message& m) {
   if (m.type != kAbort) return;
-  abort_note a = decode_abort(m.payload);
+  abort_note a =
+      decode_from(hub_->peer_name(), "being told to stop", [&] { return decode_abort(m.payload); });
   fail(a.code, a.text);
 }
 
@@ -247,6 +266,10 @@ void group_session::join_as_hub(bool ready, tagmem_status why_code, const std::s
     }
     if (!problem.empty()) {
       peers_.push_back(std::move(ch));  // so that it hears the abort too
+      // And the ranks still waiting to be accepted, which would otherwise learn only that rank 0
+      // closed the connection.
+      for (int c2; (c2 = ::accept4(l->fd(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK)) >= 0;)
+        peers_.push_back(std::make_unique<unix_channel>(c2, "a process joining " + who()));
       abort_all(TAGMEM_ERROR_PEER, who() + ": " + problem);
     }
     members_[h.rank] = identity_of(cred.pid);
@@ -306,12 +329,13 @@ void group_session::join_as_spoke(bool ready, tagmem_status why_code, const std:
   }
   hub_->set_peer_name("rank 0 (pid " + std::to_string(cred.pid) + ") of " + who());
   hello h{op_, spec_.rank, spec_.size, spec_.job, spec_.name, ready, why_code, why_not};
-  hub_->send(kHello, encode_hello(h), {}, spec_.timeout_ms, "saying hello");
+  send_to_hub(kHello, encode_hello(h), {}, "saying hello");
   message m = hub_->receive(spoke_wait_ms(), "waiting for all ranks to join");
   check_abort(m);
   TAGMEM_EXPECTS(m.type == kWelcome, TAGMEM_ERROR_PEER,
                  hub_->peer_name() + " answered the hello out of turn");
-  welcome w = decode_welcome(m.payload);
+  welcome w = decode_from(hub_->peer_name(), "welcoming this rank",
+                          [&] { return decode_welcome(m.payload); });
   std::string me =
       "rank " + std::to_string(spec_.rank) + " (pid " + std::to_string(::getpid()) + ")";
   std::string hub = "rank 0 (pid " + std::to_string(cred.pid) + ")";
@@ -334,12 +358,12 @@ void group_session::join_as_spoke(bool ready, tagmem_status why_code, const std:
 std::vector<std::string> group_session::all_gather(const std::string& blob, const char* what) {
   std::vector<std::string> all(spec_.size);
   if (spec_.rank != 0) {
-    hub_->send(kGather, blob, {}, spec_.timeout_ms, what);
+    send_to_hub(kGather, blob, {}, what);
     message m = hub_->receive(spoke_wait_ms(), what);
     check_abort(m);
     TAGMEM_EXPECTS(m.type == kGathered, TAGMEM_ERROR_PEER,
                    hub_->peer_name() + " answered out of turn while " + what);
-    all = decode_list(m.payload);
+    all = decode_from(hub_->peer_name(), what, [&] { return decode_list(m.payload); });
     TAGMEM_EXPECTS(static_cast<int>(all.size()) == spec_.size, TAGMEM_ERROR_PEER,
                    hub_->peer_name() + " gathered " + std::to_string(all.size()) +
                        " contributions for " + std::to_string(spec_.size) + " ranks");
@@ -394,14 +418,15 @@ void group_session::mail(const std::vector<letter>& outbox, const letter_handler
       check_abort(m);
       if (m.type == kMailDone) return;
       if (m.type == kMailDeliver) {
-        routed_blob d = decode_routed(m.payload);
+        routed_blob d =
+            decode_from(hub_->peer_name(), what, [&] { return decode_routed(m.payload); });
         TAGMEM_EXPECTS(d.rank >= 0 && d.rank < spec_.size && d.rank != spec_.rank,
                        TAGMEM_ERROR_PEER,
                        hub_->peer_name() + " delivered a letter from rank " +
                            std::to_string(d.rank) + " while " + what);
         on_receive(d.rank, d.blob, m.fds);
         m.fds.reset();
-        hub_->send(kMailAck, {}, {}, spec_.timeout_ms, what);
+        send_to_hub(kMailAck, {}, {}, what);
         continue;
       }
       TAGMEM_EXPECTS(m.type == kMailTurn, TAGMEM_ERROR_PEER,
@@ -411,13 +436,13 @@ void group_session::mail(const std::vector<letter>& outbox, const letter_handler
           to_self(l);
           continue;
         }
-        hub_->send(kMailItem, encode_routed({l.to, l.blob}), l.fds, spec_.timeout_ms, what);
+        send_to_hub(kMailItem, encode_routed({l.to, l.blob}), l.fds, what);
         message ack = hub_->receive(spoke_wait_ms(), what);
         check_abort(ack);
         TAGMEM_EXPECTS(ack.type == kMailAck, TAGMEM_ERROR_PEER,
                        hub_->peer_name() + " answered out of turn while " + what);
       }
-      hub_->send(kMailEnd, {}, {}, spec_.timeout_ms, what);
+      send_to_hub(kMailEnd, {}, {}, what);
     }
   }
   // The hub: one source at a time, one letter at a time. `fds` are closed whatever happens.
@@ -454,7 +479,8 @@ void group_session::mail(const std::vector<letter>& outbox, const letter_handler
         if (m.type == kMailEnd) break;
         TAGMEM_EXPECTS(m.type == kMailItem, TAGMEM_ERROR_PEER,
                        peers_[s]->peer_name() + " is out of step while " + what);
-        routed_blob item = decode_routed(m.payload);
+        routed_blob item =
+            decode_from(peers_[s]->peer_name(), what, [&] { return decode_routed(m.payload); });
         deliver(s, item.rank, item.blob, m.fds);
         peers_[s]->send(kMailAck, {}, {}, spec_.timeout_ms, what);
       }
@@ -468,12 +494,8 @@ void group_session::mail(const std::vector<letter>& outbox, const letter_handler
 std::vector<rank_outcome> group_session::outcomes(const rank_outcome& mine, const char* what) {
   std::vector<rank_outcome> out;
   for (const std::string& b : all_gather(encode_outcome(mine), what)) {
-    try {
-      out.push_back(decode_outcome(b));
-    } catch (const error& e) {
-      fail(TAGMEM_ERROR_PEER, "rank " + std::to_string(out.size()) + " sent a malformed " +
-                                  "outcome while " + what + ": " + e.what());
-    }
+    out.push_back(decode_from(describe(static_cast<int>(out.size())), what,
+                              [&] { return decode_outcome(b); }));
   }
   return out;
 }

@@ -83,6 +83,9 @@ class group_session {
   void join_as_spoke(bool ready, tagmem_status why_code, const std::string& why_not);
   [[noreturn]] void abort_all(tagmem_status code, const std::string& message);
   void check_abort(const message& m);  // throws if m is an ABORT
+  // A spoke's send; if rank 0 is gone, throws the reason it sent before going, when it did.
+  void send_to_hub(std::uint32_t type, const std::string& payload, const std::vector<int>& fds,
+                   const char* what);
   int spoke_wait_ms() const;
   std::string who() const;  // "group 'g' of job 'j'"
 

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "error.hpp"
 #include "process_identity.hpp"
 #include "tagmem/tagmem.h"
 
@@ -82,6 +83,18 @@ struct rank_outcome {
 };
 std::string encode_outcome(const rank_outcome& o);
 rank_outcome decode_outcome(const std::string& payload);
+
+// Runs `decode` on bytes that came from `sender`: a malformed payload becomes PEER naming the
+// sender and the step, so that the message says who sent it.
+template <class F>
+auto decode_from(const std::string& sender, const char* what, F&& decode) -> decltype(decode()) {
+  try {
+    return decode();
+  } catch (const error& e) {
+    fail(TAGMEM_ERROR_PEER,
+         sender + " sent a malformed message while " + what + " (" + e.what() + ")");
+  }
+}
 
 // Lists of strings (all_gather's answer).
 std::string encode_list(const std::vector<std::string>& items);
