@@ -86,6 +86,7 @@ if [[ ",$skip," != *",asan,"* || ",$skip," != *",fuzz,"* ]]; then
   configure "$asan" address,undefined -DTAGMEM_BUILD_FUZZERS=$fuzz_flag
   mapfile -t targets < <(existing_targets "$asan" tagmem_emu tagmem_emu_tests tagmem_core_tests \
     tagmem_fault_tests tagmem_fuzz_replay_tests tagmem_stress_tests tagmem_exit_probe \
+    tagmem_protocol_tests tagmem_rendezvous_fuzz_replay \
     tagmem_fuzz_state_machine tagmem_fuzz_rendezvous \
     ${TAGMEM_SAN_TARGETS:-})
   ninja -C "$asan" -j "$jobs" "${targets[@]}" >"$asan.build.log" 2>&1 ||

@@ -363,19 +363,23 @@ TEST(ProtocolFaults, HubClosesDescriptorsThatCameWithAMessageOtherThanAHello) {
   EXPECT_EQ(open_fds(), before);
 }
 
+// A spoke of a 2-rank group that joins, and on its mail turn sends `payload` as a letter with
+// two descriptors.
+void letter_with_fds(const std::string& group, const std::string& payload) {
+  auto hub = connect_to(group);
+  hub->send(kHello, encode_hello(two_rank_hello(group)), {}, 2000, "hello");
+  hub->receive(4000, "welcome");
+  hub->receive(4000, "turn");
+  int fds[2];
+  if (::pipe(fds) != 0) return;
+  hub->send(kMailItem, payload, {fds[0], fds[1]}, 2000, "letter");
+  hub->receive(4000, "abort");
+}
+
 TEST(ProtocolFaults, HubClosesDescriptorsOfALetterForNoRank) {
   std::string group = unique_name("noone");
   int before = open_fds();
-  rank_outcome o = hub_against(group, [&] {
-    auto hub = connect_to(group);
-    hub->send(kHello, encode_hello(two_rank_hello(group)), {}, 2000, "hello");
-    hub->receive(4000, "welcome");
-    hub->receive(4000, "turn");
-    int fds[2];
-    if (::pipe(fds) != 0) return;
-    hub->send(kMailItem, encode_routed({5, "x"}), {fds[0], fds[1]}, 2000, "letter");
-    hub->receive(4000, "abort");
-  });
+  rank_outcome o = hub_against(group, [&] { letter_with_fds(group, encode_routed({5, "x"})); });
   EXPECT_EQ(o.status, TAGMEM_ERROR_PEER) << o.message;
   EXPECT_NE(o.message.find("letter for rank 5"), std::string::npos) << o.message;
   EXPECT_EQ(open_fds(), before);
@@ -384,17 +388,9 @@ TEST(ProtocolFaults, HubClosesDescriptorsOfALetterForNoRank) {
 TEST(ProtocolFaults, HubClosesDescriptorsOfAMalformedLetter) {
   std::string group = unique_name("badletter");
   int before = open_fds();
-  rank_outcome o = hub_against(group, [&] {
-    auto hub = connect_to(group);
-    hub->send(kHello, encode_hello(two_rank_hello(group)), {}, 2000, "hello");
-    hub->receive(4000, "welcome");
-    hub->receive(4000, "turn");
-    int fds[2];
-    if (::pipe(fds) != 0) return;
-    hub->send(kMailItem, "\x01", {fds[0], fds[1]}, 2000, "letter");
-    hub->receive(4000, "abort");
-  });
+  rank_outcome o = hub_against(group, [&] { letter_with_fds(group, "\x01"); });
   EXPECT_EQ(o.status, TAGMEM_ERROR_PEER) << o.message;
+  EXPECT_NE(o.message.find("rank 1 (pid"), std::string::npos) << o.message;
   EXPECT_EQ(open_fds(), before);
 }
 
