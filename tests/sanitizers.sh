@@ -3,7 +3,8 @@
 #
 # 1. AddressSanitizer + UndefinedBehaviorSanitizer build (clang 14, -fno-sanitize-recover=all via
 #    TAGMEM_SANITIZE): the emulator test suites (ctest -L emu) of every target it builds.
-# 2. The state-machine fuzzer, built in the same tree, for TAGMEM_FUZZ_SECONDS (120).
+# 2. The state-machine fuzzer, built in the same tree, for TAGMEM_FUZZ_SECONDS (120); then the
+#    rendezvous message fuzzer for TAGMEM_RDV_FUZZ_SECONDS (60).
 # 3. ThreadSanitizer build: the threaded tests (Threads.*, Release.*, EmulatorRelease.*, background
 #    pinning, Stress.*, EmulatorStress.*).
 # Any failing test, any sanitizer report (also one that a test somehow survived) and any fuzzer
@@ -85,7 +86,8 @@ if [[ ",$skip," != *",asan,"* || ",$skip," != *",fuzz,"* ]]; then
   configure "$asan" address,undefined -DTAGMEM_BUILD_FUZZERS=$fuzz_flag
   mapfile -t targets < <(existing_targets "$asan" tagmem_emu tagmem_emu_tests tagmem_core_tests \
     tagmem_fault_tests tagmem_fuzz_replay_tests tagmem_stress_tests tagmem_exit_probe \
-    tagmem_fuzz_state_machine \
+    tagmem_protocol_tests tagmem_rendezvous_fuzz_replay \
+    tagmem_fuzz_state_machine tagmem_fuzz_rendezvous \
     ${TAGMEM_SAN_TARGETS:-})
   ninja -C "$asan" -j "$jobs" "${targets[@]}" >"$asan.build.log" 2>&1 ||
     { tail -50 "$asan.build.log"; exit 1; }
@@ -125,6 +127,28 @@ if [[ ",$skip," != *",fuzz,"* ]]; then
   else
     cat "$asan.fuzz.out"
     summary+=("fuzzer: FAILED (see $asan.fuzz.out)")
+    failed=1
+  fi
+fi
+
+# ---- 2b. the rendezvous message fuzzer -------------------------------------------------------
+if [[ ",$skip," != *",fuzz,"* ]]; then
+  start=$SECONDS
+  common_env
+  work=$asan/rendezvous-fuzz-work
+  mkdir -p "$work/corpus"
+  cp -n "$repo"/tests/fuzz/rendezvous_corpus/* "$work/corpus/" 2>/dev/null || true
+  log=$work/fuzz.log
+  if ASAN_OPTIONS=detect_leaks=1:intercept_tls_get_addr=0 \
+     "$asan/tests/fuzz/tagmem_fuzz_rendezvous" -max_total_time="${TAGMEM_RDV_FUZZ_SECONDS:-60}" \
+       -seed=1 -max_len=4096 -rss_limit_mb=2048 -print_final_stats=1 \
+       -artifact_prefix="$work/" "$work/corpus" >"$log" 2>&1 &&
+     [ -z "$(ls "$work"/crash-* "$work"/leak-* "$work"/oom-* "$work"/timeout-* 2>/dev/null)" ] &&
+     scan "$log"; then
+    summary+=("rendezvous fuzzer: $(grep -E 'stat::number_of_executed_units' "$log" | tail -1 | tr -s ' ') in $((SECONDS - start))s")
+  else
+    grep -B5 -A40 -E "rendezvous fuzz|ERROR: |runtime error" "$log" | head -80
+    summary+=("rendezvous fuzzer: FAILED (see $log; keep a finding in tests/fuzz/rendezvous_corpus)")
     failed=1
   fi
 fi

@@ -18,13 +18,28 @@
  * Contract for the caller: no NCCL operation may run or be queued between pause and resume
  * (synchronise the streams NCCL uses before pausing; torch.cuda.synchronize() is enough).
  *
- * The processes meet through Unix sockets in a private directory (TAGMEM_NCCL_DIR, else
- * $XDG_RUNTIME_DIR/tagmem, else /tmp/tagmem-<uid>; created with mode 0700, refused if another
- * user owns it or others may enter it); rank 0 listens, the others connect, and each side
- * checks that the other runs as the same user. Every wait is bounded by `timeout_ms`: a missing
- * or dead process gives TAGMEM_ERROR_TIMEOUT or TAGMEM_ERROR_PEER, processes that disagree (one
- * pauses while another resumes, different sizes, a rank taken twice) TAGMEM_ERROR_PEER, each
- * with a message naming the ranks involved. Waits for the device (its work before a pause, the
+ * A group is one job. Its processes name the job the same way — TAGMEM_NCCL_JOB, else torchrun's
+ * TORCHELASTIC_RUN_ID (unless "none"), else Slurm's SLURM_JOB_ID[.SLURM_STEP_ID]; with none of
+ * them a call fails with INVALID_ARGUMENT naming TAGMEM_NCCL_JOB — and only processes that give
+ * the same job and group meet: two jobs that use the same group name never see each other. Each
+ * rank is known by its process (the pid the kernel reports for its connection, with the
+ * process's start time). A process keeps, for each buffer it imported, the process it came from,
+ * and for each buffer it exported, the processes found to hold it; an owner serves a claim or
+ * hands a new handle only to a process it exported that buffer to, and an importer takes one only
+ * from the process it imported from. Anything else fails the call on every rank with
+ * TAGMEM_ERROR_PEER and a message naming both processes, before anything is released or mapped.
+ *
+ * The processes meet through a Unix socket in a directory private to the user: TAGMEM_NCCL_DIR,
+ * else $XDG_RUNTIME_DIR/tagmem, else a per-job directory the shim picks when it loads in the
+ * job's first process ($TMPDIR or /tmp, then tagmem-<uid>-<random>) and passes to the ranks as
+ * TAGMEM_NCCL_DIR (so start the launcher itself under LD_PRELOAD). It is created with mode 0700
+ * and refused if another user owns it, others may enter it or it is a symbolic link. Rank 0
+ * holds a lock on the group's lock file while it listens; the kernel drops it when rank 0 dies,
+ * so a restarted rank 0 (torchrun keeps the run id) removes the socket its predecessor left and
+ * takes over. Every wait is bounded by `timeout_ms`: a missing or dead process gives
+ * TAGMEM_ERROR_TIMEOUT or TAGMEM_ERROR_PEER, processes that disagree (one pauses while another
+ * resumes, different sizes, a rank taken twice, another job) TAGMEM_ERROR_PEER, each with a
+ * message naming the ranks involved. Waits for the device (its work before a pause, the
  * copies to and from host memory) are bounded by `timeout_ms` too: a device that does not finish
  * in time (a kernel waiting for a dead peer) gives TIMEOUT, and host or device memory that its
  * late work still uses is given back only once that work ends; the next call waits for it first.
@@ -74,12 +89,14 @@ typedef struct tagmem_nccl_stats {
   size_t backup_store_used_bytes;
 } tagmem_nccl_stats;
 
-/* Releases the `nccl` tag collectively across the `size` processes of group `group`; this
- * process is `rank`. `group` may be NULL for TAGMEM_NCCL_GROUP (or, under torchrun, a name
- * derived from TORCHELASTIC_RUN_ID); rank/size may be -1 for LOCAL_RANK/LOCAL_WORLD_SIZE;
- * timeout_ms may be 0 for TAGMEM_NCCL_TIMEOUT_MS (default 60000), and bounds every wait.
- * Errors: INVALID_ARGUMENT (bad group name, rank or size), TAG_OFFLOADED (already paused),
- * HOST_OUT_OF_MEMORY, DRIVER, PEER, TIMEOUT. */
+/* Releases the `nccl` tag collectively across the `size` processes of group `group` of this
+ * job; this process is `rank`. `group` (1-64 of [A-Za-z0-9._-]) may be NULL for
+ * TAGMEM_NCCL_GROUP, else "nccl"; rank/size may be -1 for LOCAL_RANK/LOCAL_WORLD_SIZE;
+ * timeout_ms may be 0 for TAGMEM_NCCL_TIMEOUT_MS (default 60000), and bounds every wait. Calls
+ * of one process are serialised; call it from one thread per process.
+ * Errors: INVALID_ARGUMENT (bad group name, rank or size; no job identity), TAG_OFFLOADED
+ * (already paused), HOST_OUT_OF_MEMORY, DRIVER, PEER (a process that failed, disagreed, left, or
+ * is not the one a buffer was shared with), TIMEOUT. */
 TAGMEM_API tagmem_status tagmem_nccl_pause(const char* group, int rank, int size, int timeout_ms);
 
 /* Undoes tagmem_nccl_pause collectively (same arguments). Errors: INVALID_ARGUMENT,

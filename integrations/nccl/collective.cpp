@@ -25,9 +25,19 @@
 // duplicate of each fd an allocation is exported as, and of each fd imported. During a pause
 // every exporter mails its duplicates to every other rank, and each importer compares them with
 // its own (fd_identity.hpp: the same open file description). A match gives the importer the
-// allocation's owner (rank, record id) for good; later pauses need no matching for it, and its
-// duplicate is closed. Exports are never re-matched after a resume: the new fds go straight to
-// the ranks known to need them.
+// allocation's owner for good — its rank, its record id and its process (process_identity.hpp)
+// — and gives the owner the importer's process: holding a duplicate of the exported fd is the
+// proof that the buffer was shared with that process. Later pauses need no matching for it,
+// and the importer's duplicate is closed. Exports are never re-matched after a resume: the new
+// fds go straight to the ranks known to need them.
+//
+// From then on the processes are checked, not the ranks: an importer claims a buffer only if
+// the process that is now rank `source_rank` is the one it imported from, and an owner accepts
+// a claim, or re-exports on resume, only for a process it exported that buffer to. Anything
+// else — a process of another job in the group, a rank taken by a different process, a forged
+// claim — fails the pause or resume on every rank with a message naming both processes, before
+// anything is released or mapped. An owner also keeps a buffer resident while a process it was
+// shared with is not in the group.
 //
 // Note [what stays resident]: releasing an allocation that a process outside the group maps
 // would leave that process on the old memory while this one moves to new memory after resume:
@@ -65,9 +75,9 @@
 #include "error.hpp"
 #include "fd_identity.hpp"
 #include "interposed.hpp"
+#include "messages.hpp"
 #include "record_moves.hpp"
 #include "records.hpp"
-#include "wire.hpp"
 
 namespace tagmem::nccl {
 namespace {
@@ -214,7 +224,7 @@ void match(group_session& s) {
     for (std::size_t first = 0; first < a.exports.size(); first += kMaxFds) {
       std::size_t n = std::min(kMaxFds, a.exports.size() - first);
       letter l;
-      l.blob = wire_writer().u64(a.id).u32(static_cast<std::uint32_t>(first)).take();
+      l.blob = encode_export_letter({a.id, static_cast<std::uint32_t>(first)});
       for (std::size_t i = 0; i < n; ++i) l.fds.push_back(a.exports[first + i].fd);
       for (int r = 0; r < s.size(); ++r) {
         if (r == s.rank()) continue;
@@ -223,24 +233,23 @@ void match(group_session& s) {
       }
     }
   });
-  // Per import, the exporter's (rank, id) and the indices of its fds it matched in this pause.
+  // Per import, the exporter's (rank, id, process) and the indices of its fds it matched in
+  // this pause.
   s.mail(
       outbox,
-      [&](int from, const std::string& blob, std::vector<int>& fds) {
-        wire_reader r(blob);
-        std::uint64_t id = r.u64();
-        std::uint32_t first = r.u32();
+      [&](int from, const std::string& blob, owned_fds& fds) {
+        export_letter l =
+            decode_from(s.describe(from), "matching", [&] { return decode_export_letter(blob); });
         records().for_each([&](allocation& b) {
           if (b.from != origin::imported || b.import_fd < 0) return;
           for (std::size_t i = 0; i < fds.size(); ++i) {
             if (!same_open_file(b.import_fd, fds[i])) continue;
             b.source_rank = from;
-            b.source_id = id;
-            b.source_pid = 0;
-            b.matched_indices.push_back(first + static_cast<std::uint32_t>(i));
+            b.source_id = l.id;
+            b.source_process = s.member(from);
+            b.matched_indices.push_back(l.first + static_cast<std::uint32_t>(i));
           }
         });
-        for (int fd : fds) close_quietly(fd);
       },
       "matching the buffers shared between ranks");
   records().for_each([&](allocation& b) {
@@ -251,58 +260,110 @@ void match(group_session& s) {
   });
 }
 
+bool holds(const meta_vector<process_identity>& list, const process_identity& p) {
+  return std::any_of(list.begin(), list.end(),
+                     [&](const process_identity& q) { return q.same_as(p); });
+}
+
+// Whether the process that is now rank b.source_rank is the one `b` was imported from; else
+// why not, naming both.
+std::string owner_mismatch(const group_session& s, const allocation& b) {
+  if (b.source_rank < s.size() && b.source_process.same_as(s.member(b.source_rank))) return {};
+  std::string now = b.source_rank < s.size()
+                        ? s.describe(b.source_rank) + " is " + s.member(b.source_rank).describe()
+                        : "the group has no rank " + std::to_string(b.source_rank);
+  return s.describe(s.rank()) + " maps buffer " + std::to_string(b.source_id) + " of " +
+         b.source_process.describe() + " (rank " + std::to_string(b.source_rank) +
+         " when it was matched), but " + now + ": not the process it was shared with";
+}
+
+// Why `claimer` may not claim record `id` of this process, naming both; empty when it may.
+std::string claim_refusal(const group_session& s, int claimer, std::uint64_t id,
+                          const allocation* a) {
+  std::string both =
+      s.describe(claimer) + " claims buffer " + std::to_string(id) + " of " + s.describe(s.rank());
+  if (!a || !local(*a)) return both + ", which has no such buffer";
+  if (holds(a->importers, s.member(claimer))) return {};
+  std::string to;
+  for (const process_identity& p : a->importers) to += (to.empty() ? "" : ", ") + p.describe();
+  return both + ", which was never exported to it (it went to " + (to.empty() ? "no one" : to) +
+         ")";
+}
+
 // Step 3: importers claim what they map; exporters decide; importers follow. Returns the ids
-// of the records this process releases.
+// of the records this process releases. An owner serves only the processes it exported to, an
+// importer only the process it imported from; any other claim fails the pause on every rank,
+// naming both sides, before anything is copied or released.
 std::set<std::uint64_t> decide(group_session& s) {
-  wire_writer claims;
+  std::vector<claim> mine;
+  std::string problems;
+  auto problem = [&](const std::string& p) { problems += (problems.empty() ? "" : "; ") + p; };
   records().for_each([&](allocation& b) {
     if (b.from != origin::imported || b.released || b.source_rank < 0) return;
-    claims.i32(b.source_rank).u64(b.source_id).u32(releasable_here(b) ? 1 : 0);
-    claims.u32(static_cast<std::uint32_t>(b.matched_indices.size()));
-    for (std::uint32_t i : b.matched_indices) claims.u32(i);
+    std::string mismatch = owner_mismatch(s, b);
+    if (!mismatch.empty()) {
+      problem(mismatch);
+    } else {
+      mine.push_back(
+          {b.source_rank, b.source_id, releasable_here(b),
+           std::vector<std::uint32_t>(b.matched_indices.begin(), b.matched_indices.end())});
+    }
     b.matched_indices.clear();
   });
   std::vector<std::string> all =
-      s.all_gather(claims.take(), "telling owners who maps their buffers");
+      s.all_gather(encode_claims(mine), "telling owners who maps their buffers");
   std::map<std::uint64_t, bool> importers_agree;  // my record id -> every claimer can release
   for (int rank = 0; rank < s.size(); ++rank) {
-    wire_reader r(all[rank]);
-    while (!r.done()) {
-      int owner = r.i32();
-      std::uint64_t id = r.u64();
-      bool can = r.u32() != 0;
-      std::uint32_t n = r.u32();
-      allocation* a = owner == s.rank() ? records().by_id(id) : nullptr;
-      for (std::uint32_t k = 0; k < n; ++k) {
-        std::uint32_t index = r.u32();
-        if (a && index < a->exports.size()) a->exports[index].matched = true;
+    for (const claim& c : decode_from(s.describe(rank), "claiming buffers",
+                                      [&] { return decode_claims(all[rank]); })) {
+      if (c.owner != s.rank()) continue;
+      allocation* a = records().by_id(c.id);
+      if (a && local(*a)) {
+        for (std::uint32_t index : c.matched) {  // found in this pause: it holds that fd
+          if (index >= a->exports.size()) continue;
+          a->exports[index].matched = true;
+          if (!holds(a->importers, s.member(rank))) a->importers.push_back(s.member(rank));
+        }
       }
-      if (!a) continue;
-      auto [it, inserted] = importers_agree.emplace(id, can);
-      if (!inserted) it->second = it->second && can;
+      if (std::string refusal = claim_refusal(s, rank, c.id, a); !refusal.empty()) {
+        problem(refusal);
+        continue;
+      }
+      auto [it, inserted] = importers_agree.emplace(c.id, c.can_release);
+      if (!inserted) it->second = it->second && c.can_release;
     }
   }
+  throw_if_failed(
+      s.outcomes(problems.empty() ? rank_outcome{} : rank_outcome{TAGMEM_ERROR_PEER, problems},
+                 "checking who maps what"),
+      s.rank(), "checking who maps its buffers");
   std::set<std::uint64_t> release;
-  wire_writer decisions;
+  std::vector<decision> decisions;
   records().for_each([&](allocation& a) {
     if (!local(a) || a.released) return;
     bool ok = releasable_here(a);
     for (const export_record& e : a.exports) ok = ok && e.matched;
+    // Every process it was shared with must be here to let go of it (one outside the group
+    // would keep the old memory): it claims it, or it is a member that no longer maps it.
+    for (const process_identity& p : a.importers) {
+      bool here = false;
+      for (int r = 0; r < s.size(); ++r) here = here || s.member(r).same_as(p);
+      ok = ok && here;
+    }
     if (auto it = importers_agree.find(a.id); it != importers_agree.end()) ok = ok && it->second;
     if (ok) release.insert(a.id);
-    if (importers_agree.count(a.id)) decisions.u64(a.id).u32(ok ? 1 : 0);
+    if (importers_agree.count(a.id)) decisions.push_back({a.id, ok});
   });
-  all = s.all_gather(decisions.take(), "agreeing on what to release");
+  all = s.all_gather(encode_decisions(decisions), "agreeing on what to release");
   std::map<std::pair<int, std::uint64_t>, bool> owner_says;
   for (int rank = 0; rank < s.size(); ++rank) {
-    wire_reader r(all[rank]);
-    while (!r.done()) {
-      std::uint64_t id = r.u64();
-      owner_says[{rank, id}] = r.u32() != 0;
-    }
+    for (const decision& d :
+         decode_from(s.describe(rank), "deciding", [&] { return decode_decisions(all[rank]); }))
+      owner_says[{rank, d.id}] = d.release;
   }
   records().for_each([&](allocation& b) {
     if (b.from != origin::imported || !releasable_here(b)) return;
+    if (!owner_mismatch(s, b).empty()) return;
     auto it = owner_says.find({b.source_rank, b.source_id});
     if (it != owner_says.end() && it->second) release.insert(b.id);
   });
@@ -547,27 +608,35 @@ void commit(std::vector<rebuilt>& done) {
   }
 }
 
-// Resume step 2: re-share. Returns this rank's failures (imports that did not come back).
+// Resume step 2: re-share. An owner hands a new handle only to a process it exported the
+// buffer to, an importer takes one only from the process it imported from; a mismatch fails
+// the resume naming both sides, and nothing is mapped for it.
 void reshare(group_session& s) {
-  wire_writer needs;
+  std::vector<need> needs;
+  std::string failures;
+  tagmem_status code = TAGMEM_ERROR_DRIVER;  // PEER once a process was not the right one
   records().for_each([&](allocation& b) {
-    if (b.from == origin::imported && b.released) needs.i32(b.source_rank).u64(b.source_id);
+    if (b.from != origin::imported || !b.released) return;
+    if (std::string mismatch = owner_mismatch(s, b); !mismatch.empty()) {
+      failures += " " + mismatch + ";";
+      code = TAGMEM_ERROR_PEER;
+    } else {
+      needs.push_back({b.source_rank, b.source_id});
+    }
   });
-  std::vector<std::string> all = s.all_gather(needs.take(), "asking owners for new handles");
+  std::vector<std::string> all = s.all_gather(encode_needs(needs), "asking owners for new handles");
   std::vector<letter> outbox;
   std::vector<int> exported;
-  std::string failures;
   for (int rank = 0; rank < s.size(); ++rank) {
-    wire_reader r(all[rank]);
     std::set<std::uint64_t> sent;
-    while (!r.done()) {
-      int owner = r.i32();
-      std::uint64_t id = r.u64();
-      if (owner != s.rank() || !sent.insert(id).second) continue;
-      allocation* a = records().by_id(id);
+    for (const need& n : decode_from(s.describe(rank), "asking for handles",
+                                     [&] { return decode_needs(all[rank]); })) {
+      if (n.owner != s.rank() || !sent.insert(n.id).second) continue;
+      allocation* a = records().by_id(n.id);
       int fd = -1;
       CUresult res = CUDA_ERROR_INVALID_VALUE;
-      if (a && !a->released && !a->mappings.empty()) {
+      std::string refusal = claim_refusal(s, rank, n.id, a);
+      if (refusal.empty() && !a->released && !a->mappings.empty()) {
         // NCCL may hold no handle of its own (then neither does the shim): borrow one.
         CUmemGenericAllocationHandle h = a->real;
         bool borrowed = !a->real_held;
@@ -583,27 +652,31 @@ void reshare(group_session& s) {
       }
       letter l;
       l.to = rank;
-      l.blob = wire_writer().u64(id).u32(res == CUDA_SUCCESS ? 1 : 0).take();
+      l.blob = encode_handle_letter({n.id, res == CUDA_SUCCESS});
       if (res == CUDA_SUCCESS) {
         l.fds.push_back(fd);
         exported.push_back(fd);
+      } else if (!refusal.empty()) {
+        failures += " " + refusal + ";";
+        code = TAGMEM_ERROR_PEER;
       } else {
-        failures += " cannot export buffer " + std::to_string(id) + " for rank " +
+        failures += " cannot export buffer " + std::to_string(n.id) + " for rank " +
                     std::to_string(rank) + ";";
       }
       outbox.push_back(std::move(l));
     }
   }
-  auto on_letter = [&](int from, const std::string& blob, std::vector<int>& fds) {
-    wire_reader r(blob);
-    std::uint64_t id = r.u64();
-    bool ok = r.u32() != 0 && fds.size() == 1;
+  auto on_letter = [&](int from, const std::string& blob, owned_fds& fds) {
+    handle_letter l = decode_from(s.describe(from), "handing out handles",
+                                  [&] { return decode_handle_letter(blob); });
+    bool ok = l.ok && fds.size() == 1;
     records().for_each([&](allocation& b) {
-      if (b.from != origin::imported || !b.released || b.source_rank != from || b.source_id != id)
+      if (b.from != origin::imported || !b.released || b.source_rank != from ||
+          b.source_id != l.id || !owner_mismatch(s, b).empty())
         return;
       if (!ok) {
-        failures += " rank " + std::to_string(from) + " could not re-export buffer " +
-                    std::to_string(id) + ";";
+        failures +=
+            " " + s.describe(from) + " did not re-export buffer " + std::to_string(l.id) + ";";
         return;
       }
       try {
@@ -629,7 +702,6 @@ void reshare(group_session& s) {
         failures += std::string(" ") + e.what() + ";";
       }
     });
-    for (int fd : fds) close_quietly(fd);
   };
   try {
     s.mail(outbox, on_letter, "handing new handles to the ranks that map them");
@@ -638,7 +710,7 @@ void reshare(group_session& s) {
     throw;
   }
   for (int fd : exported) close_quietly(fd);
-  if (!failures.empty()) fail(TAGMEM_ERROR_DRIVER, "re-sharing NCCL's buffers failed:" + failures);
+  if (!failures.empty()) fail(code, "re-sharing NCCL's buffers failed:" + failures);
 }
 
 }  // namespace

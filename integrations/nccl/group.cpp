@@ -12,30 +12,15 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <thread>
 
 #include "error.hpp"
 #include "private_dir.hpp"
-#include "wire.hpp"
+#include "rendezvous_point.hpp"
 
 namespace tagmem::nccl {
 namespace {
-
-constexpr std::uint32_t kVersion = 1;
-
-enum : std::uint32_t {
-  kHello = 1,
-  kWelcome,
-  kAbort,
-  kGather,
-  kGathered,
-  kMailTurn,
-  kMailItem,
-  kMailEnd,
-  kMailDeliver,
-  kMailAck,
-  kMailDone,
-};
 
 bool valid_group_name(const std::string& s) {
   if (s.empty() || s.size() > 64) return false;
@@ -45,18 +30,19 @@ bool valid_group_name(const std::string& s) {
   });
 }
 
-std::string sanitized(std::string s) {
-  for (char& c : s) {
-    if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' ||
-          c == '_' || c == '-'))
-      c = '_';
-  }
-  return s.substr(0, 64);
+bool valid_job(const std::string& s) {
+  if (s.empty() || s.size() > 256) return false;
+  return std::all_of(s.begin(), s.end(), [](char c) { return c > ' ' && c < 0x7f; });
+}
+
+const char* env(const char* name) {
+  const char* v = std::getenv(name);
+  return v && *v ? v : nullptr;
 }
 
 int env_int(const char* name, int fallback) {
-  const char* v = std::getenv(name);
-  if (!v || !*v) return fallback;
+  const char* v = env(name);
+  if (!v) return fallback;
   char* end = nullptr;
   long x = std::strtol(v, &end, 10);
   TAGMEM_EXPECTS(end && *end == '\0' && x >= -1 && x <= 1 << 30, TAGMEM_ERROR_INVALID_ARGUMENT,
@@ -64,44 +50,43 @@ int env_int(const char* name, int fallback) {
   return static_cast<int>(x);
 }
 
-std::string socket_path(const std::string& name) {
-  std::string path = private_dir() + "/" + name + ".sock";
-  TAGMEM_EXPECTS(path.size() < sizeof(sockaddr_un{}.sun_path), TAGMEM_ERROR_INVALID_ARGUMENT,
-                 "the rendezvous socket path '" + path + "' is too long for a Unix socket; set " +
-                     "TAGMEM_NCCL_DIR to a shorter directory");
-  return path;
-}
-
-sockaddr_un address_of(const std::string& path) {
-  sockaddr_un a{};
-  a.sun_family = AF_UNIX;
-  std::memcpy(a.sun_path, path.c_str(), path.size() + 1);
-  return a;
-}
-
-std::string encode_abort(tagmem_status code, const std::string& text) {
-  return wire_writer().u32(code).str(text).take();
+// The job's identity and the setting it came from (Note: a launcher's run id is the same in
+// every process of one run, a restart included, and differs between runs).
+std::string job_identity() {
+  std::string job, from;
+  if (const char* j = env("TAGMEM_NCCL_JOB")) {
+    job = j;
+    from = "TAGMEM_NCCL_JOB";
+  } else if (const char* id = env("TORCHELASTIC_RUN_ID"); id && std::strcmp(id, "none") != 0) {
+    job = std::string("torchrun:") + id;
+    from = "TORCHELASTIC_RUN_ID";
+  } else if (const char* slurm = env("SLURM_JOB_ID")) {
+    job = std::string("slurm:") + slurm;
+    if (const char* step = env("SLURM_STEP_ID")) job += std::string(".") + step;
+    from = "SLURM_JOB_ID";
+  } else {
+    fail(TAGMEM_ERROR_INVALID_ARGUMENT,
+         "no job identity for the NCCL rendezvous: set TAGMEM_NCCL_JOB to a value unique to this "
+         "job and the same in all of its processes (torchrun sets TORCHELASTIC_RUN_ID, Slurm "
+         "SLURM_JOB_ID; neither is set, or torchrun's is 'none')");
+  }
+  TAGMEM_EXPECTS(
+      valid_job(job), TAGMEM_ERROR_INVALID_ARGUMENT,
+      "the job identity from " + from + " must be 1-256 printable characters without spaces");
+  return job;
 }
 
 }  // namespace
 
-const char* op_name(group_op op) { return op == group_op::pause ? "pause" : "resume"; }
-
 group_spec resolve_spec(const char* name, int rank, int size, int timeout_ms) {
   group_spec s;
+  s.job = job_identity();
   if (name) {
     s.name = name;
-  } else if (const char* g = std::getenv("TAGMEM_NCCL_GROUP"); g && *g) {
+  } else if (const char* g = env("TAGMEM_NCCL_GROUP")) {
     s.name = g;
-  } else if (const char* id = std::getenv("TORCHELASTIC_RUN_ID");
-             id && *id && std::strcmp(id, "none") != 0) {
-    s.name = sanitized(std::string("torchrun-") + id);
-  } else if (const char* port = std::getenv("MASTER_PORT"); port && *port) {
-    const char* addr = std::getenv("MASTER_ADDR");
-    s.name = sanitized(std::string("job-") + (addr ? addr : "") + "-" + port);
   } else {
-    fail(TAGMEM_ERROR_INVALID_ARGUMENT,
-         "no group name: pass one, or set TAGMEM_NCCL_GROUP (torchrun sets TORCHELASTIC_RUN_ID)");
+    s.name = "nccl";  // the job identity keeps it apart from other jobs' groups
   }
   TAGMEM_EXPECTS(valid_group_name(s.name), TAGMEM_ERROR_INVALID_ARGUMENT,
                  "group name '" + s.name + "' must be 1-64 characters of [A-Za-z0-9._-]");
@@ -124,8 +109,8 @@ std::unique_ptr<group_session> group_session::join(const group_spec& spec, group
                                                    tagmem_status why_code,
                                                    const std::string& why_not) {
   std::unique_ptr<group_session> s(new group_session(spec, op));
-  s->pids_.assign(spec.size, 0);
-  s->pids_[spec.rank] = ::getpid();
+  s->members_.assign(spec.size, process_identity{});
+  s->members_[spec.rank] = identity_of(::getpid());
   if (spec.rank == 0) {
     s->join_as_hub(ready, why_code, why_not);
   } else {
@@ -136,10 +121,12 @@ std::unique_ptr<group_session> group_session::join(const group_spec& spec, group
 
 group_session::~group_session() = default;
 
-int group_session::rank_of_pid(pid_t pid) const {
-  for (int r = 0; r < spec_.size; ++r)
-    if (pids_[r] == pid) return r;
-  return -1;
+std::string group_session::describe(int r) const {
+  return "rank " + std::to_string(r) + " (pid " + std::to_string(members_[r].pid) + ")";
+}
+
+std::string group_session::who() const {
+  return "group '" + spec_.name + "' of job '" + spec_.job + "'";
 }
 
 int group_session::spoke_wait_ms() const {
@@ -149,7 +136,7 @@ int group_session::spoke_wait_ms() const {
 }
 
 void group_session::abort_all(tagmem_status code, const std::string& text) {
-  std::string payload = encode_abort(code, text);
+  std::string payload = encode_abort({code, text});
   for (auto& p : peers_) {
     if (!p) continue;
     try {
@@ -160,16 +147,31 @@ void group_session::abort_all(tagmem_status code, const std::string& text) {
   fail(code, text);
 }
 
-void group_session::check_abort(message& m) {
+void group_session::send_to_hub(std::uint32_t type, const std::string& payload,
+                                const std::vector<int>& fds, const char* what) {
+  try {
+    hub_->send(type, payload, fds, spec_.timeout_ms, what);
+  } catch (const error&) {
+    // Rank 0 may have stopped the group and closed before this arrived: its reason, sent
+    // first, may be waiting to be read.
+    std::optional<message> why;
+    try {
+      why = hub_->receive(std::min(spec_.timeout_ms, 1000), "reading why rank 0 stopped");
+    } catch (const error&) {
+    }
+    if (why) check_abort(*why);
+    throw;
+  }
+}
+
+void group_session::check_abort(const message& m) {
   if (m.type != kAbort) return;
-  for (int fd : m.fds) ::close(fd);
-  wire_reader r(m.payload);
-  auto code = static_cast<tagmem_status>(r.u32());
-  fail(code, r.str());
+  abort_note a =
+      decode_from(hub_->peer_name(), "being told to stop", [&] { return decode_abort(m.payload); });
+  fail(a.code, a.text);
 }
 
 void group_session::join_as_hub(bool ready, tagmem_status why_code, const std::string& why_not) {
-  const std::string& g = spec_.name;
   const char* opn = op_name(op_);
   peers_.resize(spec_.size);
   std::string refusals;  // reasons why every rank must stop
@@ -184,63 +186,30 @@ void group_session::join_as_hub(bool ready, tagmem_status why_code, const std::s
     return;
   }
 
-  const std::string path = socket_path(g);
-  int lfd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-  if (lfd < 0) fail(TAGMEM_ERROR_PEER, std::string("socket: ") + std::strerror(errno));
-  sockaddr_un addr = address_of(path);
-  if (::bind(lfd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
-    int err = errno;
-    ::close(lfd);
-    if (err != EADDRINUSE) {
-      fail(TAGMEM_ERROR_PEER,
-           "cannot bind the rendezvous socket '" + path + "': " + std::strerror(err));
-    }
-    int probe = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    bool live =
-        probe >= 0 && ::connect(probe, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0;
-    if (probe >= 0) ::close(probe);
-    fail(TAGMEM_ERROR_PEER,
-         live ? "group '" + g + "': another process is already rank 0 (its socket '" + path +
-                    "' is live); give each job its own group name"
-              : "group '" + g + "': the rendezvous socket '" + path +
-                    "' exists but nobody listens on it: a run that did not finish left it. "
-                    "Remove it (tagmem deletes only files it created) or use another group name");
-  }
-  // From here the socket file is ours: it goes when the join ends, whatever happens.
-  struct listener {
-    int fd;
-    std::string path;
-    ~listener() {
-      if (fd >= 0) ::close(fd);
-      ::unlink(path.c_str());
-    }
-  };
-  std::unique_ptr<listener> l(new listener{lfd, path});
-  if (::listen(lfd, spec_.size) != 0) {
-    fail(TAGMEM_ERROR_PEER, "listen on '" + path + "': " + std::strerror(errno));
-  }
-
+  // Closed and unlinked, with its lock given back, before anyone is answered (see group.hpp).
+  auto l = std::make_unique<rendezvous_listener>(rendezvous_paths_for(spec_.job, spec_.name),
+                                                 spec_.size, who());
   const long long deadline = monotonic_ms() + spec_.timeout_ms;
   int joined = 0;
-  std::string strangers;  // connections refused for their credentials
+  std::string strangers;  // connections refused for their credentials or bytes
   while (joined < spec_.size - 1) {
     long long left = deadline - monotonic_ms();
     if (left <= 0) {
       std::string missing;
       for (int r = 1; r < spec_.size; ++r)
         if (!peers_[r]) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
-      abort_all(TAGMEM_ERROR_TIMEOUT,
-                "group '" + g + "': rank(s) " + missing + " did not join the " + opn + " within " +
-                    std::to_string(spec_.timeout_ms) + " ms (not started, dead, or not calling " +
-                    opn + ")" + strangers);
+      abort_all(TAGMEM_ERROR_TIMEOUT, who() + ": rank(s) " + missing + " did not join the " + opn +
+                                          " within " + std::to_string(spec_.timeout_ms) +
+                                          " ms (not started, dead, or not calling " + opn + ")" +
+                                          strangers);
     }
-    pollfd p{lfd, POLLIN, 0};
+    pollfd p{l->fd(), POLLIN, 0};
     if (::poll(&p, 1, static_cast<int>(std::min<long long>(left, 1000))) <= 0) continue;
-    int c = ::accept4(lfd, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+    int c = ::accept4(l->fd(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
     if (c < 0) continue;
-    auto ch = std::make_unique<unix_channel>(c, "a process joining group '" + g + "'");
+    auto ch = std::make_unique<unix_channel>(c, "a process joining " + who());
     peer_credentials cred{};
-    message hello;
+    message m;
     try {
       cred = ch->credentials();
       if (cred.uid != ::geteuid()) {
@@ -249,81 +218,83 @@ void group_session::join_as_hub(bool ready, tagmem_status why_code, const std::s
         continue;
       }
       ch->set_peer_name("pid " + std::to_string(cred.pid));
-      hello = ch->receive(static_cast<int>(std::max<long long>(deadline - monotonic_ms(), 1)),
-                          "waiting for its hello");
+      m = ch->receive(static_cast<int>(std::max<long long>(deadline - monotonic_ms(), 1)),
+                      "waiting for its hello");
     } catch (const error& e) {
       strangers += std::string("; ") + e.what();
       continue;
     }
-    if (hello.type != kHello) continue;
-    for (int fd : hello.fds) ::close(fd);
+    if (m.type != kHello) {
+      strangers += "; pid " + std::to_string(cred.pid) + " sent no hello";
+      continue;
+    }
     std::uint32_t version = 0;
-    group_op op{};
-    int rank = -1, size = 0;
-    std::string name, peer_why;
-    bool peer_ready = false;
-    tagmem_status peer_code = TAGMEM_SUCCESS;
+    hello h;
     try {
-      wire_reader r(hello.payload);
-      version = r.u32();
-      op = static_cast<group_op>(r.u32());
-      rank = r.i32();
-      size = r.i32();
-      name = r.str();
-      peer_ready = r.u32() != 0;
-      peer_code = static_cast<tagmem_status>(r.u32());
-      peer_why = r.str();
+      version = peek_version(m.payload);
+      if (version == kProtocolVersion) h = decode_hello(m.payload);
     } catch (const error&) {
       strangers += "; pid " + std::to_string(cred.pid) + " sent a malformed hello";
       continue;
     }
-    std::string who = "rank " + std::to_string(rank) + " (pid " + std::to_string(cred.pid) + ")";
-    ch->set_peer_name(who);
+    if (version != kProtocolVersion) {
+      peers_.push_back(std::move(ch));  // so that it hears the abort too
+      abort_all(TAGMEM_ERROR_PEER, who() + ": pid " + std::to_string(cred.pid) +
+                                       " runs a different tagmem build (protocol " +
+                                       std::to_string(version) + ")");
+    }
+    std::string me = "rank 0 (pid " + std::to_string(::getpid()) + ")";
+    std::string them = "rank " + std::to_string(h.rank) + " (pid " + std::to_string(cred.pid) + ")";
+    ch->set_peer_name(them);
     std::string problem;
-    if (version != kVersion) {
-      problem = who + " runs a different tagmem build (protocol " + std::to_string(version) + ")";
-    } else if (name != g) {
-      problem = who + " asked for group '" + name + "' at the socket of group '" + g + "'";
-    } else if (size != spec_.size) {
-      problem = who + " says group '" + g + "' has " + std::to_string(size) +
-                " processes; rank 0 says " + std::to_string(spec_.size);
-    } else if (op != op_) {
-      problem = who + " called " + op_name(op) + " while rank 0 called " + opn;
-    } else if (rank <= 0 || rank >= spec_.size) {
-      problem = who + " claims a rank outside 1.." + std::to_string(spec_.size - 1);
-    } else if (peers_[rank]) {
-      problem = "two processes claim rank " + std::to_string(rank) + " of group '" + g + "': pid " +
-                std::to_string(pids_[rank]) + " and pid " + std::to_string(cred.pid);
+    if (h.job != spec_.job) {
+      problem = them + " belongs to job '" + h.job + "', " + me + " to job '" + spec_.job +
+                "': a group is one job; give each job its own identity (TAGMEM_NCCL_JOB)";
+    } else if (h.group != spec_.name) {
+      problem =
+          them + " asked for group '" + h.group + "' at the socket of group '" + spec_.name + "'";
+    } else if (h.size != spec_.size) {
+      problem = them + " says the group has " + std::to_string(h.size) + " processes; " + me +
+                " says " + std::to_string(spec_.size);
+    } else if (h.op != op_) {
+      problem = them + " called " + op_name(h.op) + " while rank 0 called " + opn;
+    } else if (h.rank <= 0 || h.rank >= spec_.size) {
+      problem = them + " claims a rank outside 1.." + std::to_string(spec_.size - 1);
+    } else if (peers_[h.rank]) {
+      problem = "two processes claim rank " + std::to_string(h.rank) + ": pid " +
+                std::to_string(members_[h.rank].pid) + " and pid " + std::to_string(cred.pid);
     }
     if (!problem.empty()) {
       peers_.push_back(std::move(ch));  // so that it hears the abort too
-      abort_all(TAGMEM_ERROR_PEER, "group '" + g + "': " + problem);
+      // And the ranks still waiting to be accepted, which would otherwise learn only that rank 0
+      // closed the connection.
+      for (int c2; (c2 = ::accept4(l->fd(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK)) >= 0;)
+        peers_.push_back(std::make_unique<unix_channel>(c2, "a process joining " + who()));
+      abort_all(TAGMEM_ERROR_PEER, who() + ": " + problem);
     }
-    pids_[rank] = cred.pid;
-    if (!peer_ready) refuse(rank, peer_code, peer_why);
-    peers_[rank] = std::move(ch);
+    members_[h.rank] = identity_of(cred.pid);
+    if (!h.ready) refuse(h.rank, h.why_code, h.why_not);
+    peers_[h.rank] = std::move(ch);
     ++joined;
   }
-  l.reset();  // Note: closed and unlinked before anyone is answered (see group.hpp)
-  if (refusal_code != TAGMEM_SUCCESS) abort_all(refusal_code, "group '" + g + "': " + refusals);
-  wire_writer w;
-  w.u32(static_cast<std::uint32_t>(spec_.size));
-  for (pid_t pid : pids_) w.u64(static_cast<std::uint64_t>(pid));
-  std::string welcome = w.take();
+  l.reset();
+  if (refusal_code != TAGMEM_SUCCESS) abort_all(refusal_code, who() + ": " + refusals);
+  std::string w = encode_welcome({spec_.job, spec_.name, members_});
   for (int r = 1; r < spec_.size; ++r) {
     try {
-      peers_[r]->send(kWelcome, welcome, {}, spec_.timeout_ms, "welcoming it");
+      peers_[r]->send(kWelcome, w, {}, spec_.timeout_ms, "welcoming it");
     } catch (const error& e) {
-      abort_all(e.code(), "group '" + g + "': " + e.what());
+      abort_all(e.code(), who() + ": " + e.what());
     }
   }
 }
 
 void group_session::join_as_spoke(bool ready, tagmem_status why_code, const std::string& why_not) {
-  const std::string& g = spec_.name;
   const char* opn = op_name(op_);
-  const std::string path = socket_path(g);
-  sockaddr_un addr = address_of(path);
+  const std::string path = rendezvous_paths_for(spec_.job, spec_.name).socket;
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
   const long long deadline = monotonic_ms() + spec_.timeout_ms;
   int fd = -1;
   for (int pause_ms = 2;; pause_ms = std::min(pause_ms * 2, 100)) {
@@ -337,74 +308,106 @@ void group_session::join_as_spoke(bool ready, tagmem_status why_code, const std:
            "cannot connect to the rendezvous socket '" + path + "': " + std::strerror(err));
     }
     if (monotonic_ms() >= deadline) {
-      fail(TAGMEM_ERROR_TIMEOUT, "group '" + g + "': rank 0 did not open the rendezvous for the " +
-                                     opn + " within " + std::to_string(spec_.timeout_ms) +
-                                     " ms (is rank 0 alive and calling " + opn +
-                                     "?); waited for '" + path + "'");
+      fail(TAGMEM_ERROR_TIMEOUT,
+           who() + ": rank 0 did not open the rendezvous for the " + opn + " within " +
+               std::to_string(spec_.timeout_ms) + " ms (is rank 0 alive and calling " + opn +
+               "?); waited for '" + path + "'" +
+               (private_dir_chosen_here()
+                    ? ". This process chose that directory itself when it loaded the shim: the "
+                      "ranks share it only when they inherit TAGMEM_NCCL_DIR from one parent "
+                      "(run the launcher under LD_PRELOAD, or set TAGMEM_NCCL_DIR)"
+                    : ""));
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(pause_ms));
   }
-  hub_ = std::make_unique<unix_channel>(fd, "rank 0 of group '" + g + "'");
+  hub_ = std::make_unique<unix_channel>(fd, "rank 0 of " + who());
   peer_credentials cred = hub_->credentials();
   if (cred.uid != ::geteuid()) {
-    fail(TAGMEM_ERROR_PEER, "group '" + g + "': the process listening at '" + path + "' (pid " +
+    fail(TAGMEM_ERROR_PEER, who() + ": the process listening at '" + path + "' (pid " +
                                 std::to_string(cred.pid) + ") runs as uid " +
                                 std::to_string(cred.uid) + ", not as this process's uid");
   }
-  hub_->set_peer_name("rank 0 (pid " + std::to_string(cred.pid) + ") of group '" + g + "'");
-  std::string hello = wire_writer()
-                          .u32(kVersion)
-                          .u32(static_cast<std::uint32_t>(op_))
-                          .i32(spec_.rank)
-                          .i32(spec_.size)
-                          .str(g)
-                          .u32(ready ? 1 : 0)
-                          .u32(why_code)
-                          .str(why_not)
-                          .take();
-  hub_->send(kHello, hello, {}, spec_.timeout_ms, "saying hello");
+  hub_->set_peer_name("rank 0 (pid " + std::to_string(cred.pid) + ") of " + who());
+  hello h{op_, spec_.rank, spec_.size, spec_.job, spec_.name, ready, why_code, why_not};
+  send_to_hub(kHello, encode_hello(h), {}, "saying hello");
   message m = hub_->receive(spoke_wait_ms(), "waiting for all ranks to join");
   check_abort(m);
-  TAGMEM_EXPECTS(m.type == kWelcome, TAGMEM_ERROR_PEER, "rank 0 answered out of turn");
-  wire_reader r(m.payload);
-  TAGMEM_EXPECTS(static_cast<int>(r.u32()) == spec_.size, TAGMEM_ERROR_PEER, "bad welcome");
-  for (pid_t& pid : pids_) pid = static_cast<pid_t>(r.u64());
+  TAGMEM_EXPECTS(m.type == kWelcome, TAGMEM_ERROR_PEER,
+                 hub_->peer_name() + " answered the hello out of turn");
+  welcome w = decode_from(hub_->peer_name(), "welcoming this rank",
+                          [&] { return decode_welcome(m.payload); });
+  std::string me =
+      "rank " + std::to_string(spec_.rank) + " (pid " + std::to_string(::getpid()) + ")";
+  std::string hub = "rank 0 (pid " + std::to_string(cred.pid) + ")";
+  TAGMEM_EXPECTS(w.job == spec_.job && w.group == spec_.name, TAGMEM_ERROR_PEER,
+                 hub + " serves group '" + w.group + "' of job '" + w.job + "', " + me +
+                     " belongs to " + who() + ": a group is one job");
+  TAGMEM_EXPECTS(static_cast<int>(w.members.size()) == spec_.size, TAGMEM_ERROR_PEER,
+                 hub + " welcomed " + std::to_string(w.members.size()) + " ranks; " + me +
+                     " expects " + std::to_string(spec_.size));
+  TAGMEM_EXPECTS(w.members[0].same_as(identity_of(cred.pid)) &&
+                     w.members[spec_.rank].same_as(members_[spec_.rank]),
+                 TAGMEM_ERROR_PEER,
+                 hub + " names " + w.members[0].describe() + " as rank 0 and " +
+                     w.members[spec_.rank].describe() + " as " + me +
+                     ": not the processes "
+                     "connected");
+  members_ = std::move(w.members);
 }
 
 std::vector<std::string> group_session::all_gather(const std::string& blob, const char* what) {
   std::vector<std::string> all(spec_.size);
   if (spec_.rank != 0) {
-    hub_->send(kGather, blob, {}, spec_.timeout_ms, what);
+    send_to_hub(kGather, blob, {}, what);
     message m = hub_->receive(spoke_wait_ms(), what);
     check_abort(m);
-    TAGMEM_EXPECTS(m.type == kGathered, TAGMEM_ERROR_PEER, "rank 0 answered out of turn");
-    all = unpack_list(m.payload);
-    TAGMEM_EXPECTS(static_cast<int>(all.size()) == spec_.size, TAGMEM_ERROR_PEER, "bad gather");
+    TAGMEM_EXPECTS(m.type == kGathered, TAGMEM_ERROR_PEER,
+                   hub_->peer_name() + " answered out of turn while " + what);
+    all = decode_from(hub_->peer_name(), what, [&] { return decode_list(m.payload); });
+    TAGMEM_EXPECTS(static_cast<int>(all.size()) == spec_.size, TAGMEM_ERROR_PEER,
+                   hub_->peer_name() + " gathered " + std::to_string(all.size()) +
+                       " contributions for " + std::to_string(spec_.size) + " ranks");
     return all;
   }
   all[0] = blob;
   try {
     for (int r = 1; r < spec_.size; ++r) {
       message m = peers_[r]->receive(spec_.timeout_ms, what);
-      for (int fd : m.fds) ::close(fd);
       TAGMEM_EXPECTS(m.type == kGather, TAGMEM_ERROR_PEER,
                      peers_[r]->peer_name() + " is out of step while " + what);
       all[r] = std::move(m.payload);
     }
-    std::string packed = pack_list(all);
+    std::string packed = encode_list(all);
     for (int r = 1; r < spec_.size; ++r)
       peers_[r]->send(kGathered, packed, {}, spec_.timeout_ms, what);
   } catch (const error& e) {
-    abort_all(e.code(), "group '" + spec_.name + "': " + e.what());
+    abort_all(e.code(), who() + ": " + e.what());
   }
   return all;
 }
 
+namespace {
+
+// Duplicates of borrowed descriptors, for a letter that does not leave this process.
+owned_fds duplicates(const std::vector<int>& fds) {
+  owned_fds copies;
+  for (int fd : fds) {
+    int copy = ::fcntl(fd, F_DUPFD_CLOEXEC, 0);
+    if (copy < 0) {
+      fail(TAGMEM_ERROR_PEER,
+           std::string("cannot duplicate a descriptor for a letter: ") + std::strerror(errno));
+    }
+    copies.push_back(copy);
+  }
+  return copies;
+}
+
+}  // namespace
+
 void group_session::mail(const std::vector<letter>& outbox, const letter_handler& on_receive,
                          const char* what) {
   auto to_self = [&](const letter& l) {
-    std::vector<int> copies;
-    for (int fd : l.fds) copies.push_back(::fcntl(fd, F_DUPFD_CLOEXEC, 0));
+    owned_fds copies = duplicates(l.fds);
     on_receive(spec_.rank, l.blob, copies);
   };
   const int wait_ms = static_cast<int>(
@@ -415,46 +418,45 @@ void group_session::mail(const std::vector<letter>& outbox, const letter_handler
       check_abort(m);
       if (m.type == kMailDone) return;
       if (m.type == kMailDeliver) {
-        wire_reader r(m.payload);
-        int from = r.i32();
-        std::string blob = r.str();
-        on_receive(from, blob, m.fds);
-        hub_->send(kMailAck, {}, {}, spec_.timeout_ms, what);
+        routed_blob d =
+            decode_from(hub_->peer_name(), what, [&] { return decode_routed(m.payload); });
+        TAGMEM_EXPECTS(d.rank >= 0 && d.rank < spec_.size && d.rank != spec_.rank,
+                       TAGMEM_ERROR_PEER,
+                       hub_->peer_name() + " delivered a letter from rank " +
+                           std::to_string(d.rank) + " while " + what);
+        on_receive(d.rank, d.blob, m.fds);
+        m.fds.reset();
+        send_to_hub(kMailAck, {}, {}, what);
         continue;
       }
-      TAGMEM_EXPECTS(m.type == kMailTurn, TAGMEM_ERROR_PEER, "rank 0 answered out of turn");
+      TAGMEM_EXPECTS(m.type == kMailTurn, TAGMEM_ERROR_PEER,
+                     hub_->peer_name() + " answered out of turn while " + what);
       for (const letter& l : outbox) {
         if (l.to == spec_.rank) {
           to_self(l);
           continue;
         }
-        hub_->send(kMailItem, wire_writer().i32(l.to).str(l.blob).take(), l.fds, spec_.timeout_ms,
-                   what);
+        send_to_hub(kMailItem, encode_routed({l.to, l.blob}), l.fds, what);
         message ack = hub_->receive(spoke_wait_ms(), what);
         check_abort(ack);
-        TAGMEM_EXPECTS(ack.type == kMailAck, TAGMEM_ERROR_PEER, "rank 0 answered out of turn");
+        TAGMEM_EXPECTS(ack.type == kMailAck, TAGMEM_ERROR_PEER,
+                       hub_->peer_name() + " answered out of turn while " + what);
       }
-      hub_->send(kMailEnd, {}, {}, spec_.timeout_ms, what);
+      send_to_hub(kMailEnd, {}, {}, what);
     }
   }
-  // The hub: one source at a time, one letter at a time.
-  auto deliver = [&](int from, int to, const std::string& blob, std::vector<int>& fds) {
-    TAGMEM_EXPECTS(to >= 0 && to < spec_.size, TAGMEM_ERROR_PEER,
-                   "a letter for rank " + std::to_string(to) + ", outside the group");
+  // The hub: one source at a time, one letter at a time. `fds` are closed whatever happens.
+  auto deliver = [&](int from, int to, const std::string& blob, owned_fds& fds) {
+    TAGMEM_EXPECTS(
+        to >= 0 && to < spec_.size && to != from, TAGMEM_ERROR_PEER,
+        describe(from) + " sent a letter for rank " + std::to_string(to) + " while " + what);
     if (to == 0) {
       on_receive(from, blob, fds);
       return;
     }
-    try {
-      peers_[to]->send(kMailDeliver, wire_writer().i32(from).str(blob).take(), fds,
-                       spec_.timeout_ms, what);
-    } catch (...) {
-      for (int fd : fds) ::close(fd);
-      throw;
-    }
-    for (int fd : fds) ::close(fd);
+    peers_[to]->send(kMailDeliver, encode_routed({from, blob}), fds.view(), spec_.timeout_ms, what);
+    fds.reset();
     message ack = peers_[to]->receive(spec_.timeout_ms, what);
-    for (int fd : ack.fds) ::close(fd);
     TAGMEM_EXPECTS(ack.type == kMailAck, TAGMEM_ERROR_PEER,
                    peers_[to]->peer_name() + " is out of step while " + what);
   };
@@ -466,8 +468,7 @@ void group_session::mail(const std::vector<letter>& outbox, const letter_handler
             to_self(l);
             continue;
           }
-          std::vector<int> copies;
-          for (int fd : l.fds) copies.push_back(::fcntl(fd, F_DUPFD_CLOEXEC, 0));
+          owned_fds copies = duplicates(l.fds);
           deliver(0, l.to, l.blob, copies);
         }
         continue;
@@ -478,28 +479,23 @@ void group_session::mail(const std::vector<letter>& outbox, const letter_handler
         if (m.type == kMailEnd) break;
         TAGMEM_EXPECTS(m.type == kMailItem, TAGMEM_ERROR_PEER,
                        peers_[s]->peer_name() + " is out of step while " + what);
-        wire_reader r(m.payload);
-        int to = r.i32();
-        std::string blob = r.str();
-        deliver(s, to, blob, m.fds);
+        routed_blob item =
+            decode_from(peers_[s]->peer_name(), what, [&] { return decode_routed(m.payload); });
+        deliver(s, item.rank, item.blob, m.fds);
         peers_[s]->send(kMailAck, {}, {}, spec_.timeout_ms, what);
       }
     }
     for (int r = 1; r < spec_.size; ++r) peers_[r]->send(kMailDone, {}, {}, spec_.timeout_ms, what);
   } catch (const error& e) {
-    abort_all(e.code(), "group '" + spec_.name + "': " + e.what());
+    abort_all(e.code(), who() + ": " + e.what());
   }
 }
 
 std::vector<rank_outcome> group_session::outcomes(const rank_outcome& mine, const char* what) {
-  std::string blob = wire_writer().u32(mine.status).str(mine.message).take();
   std::vector<rank_outcome> out;
-  for (const std::string& b : all_gather(blob, what)) {
-    wire_reader r(b);
-    rank_outcome o;
-    o.status = static_cast<tagmem_status>(r.u32());
-    o.message = r.str();
-    out.push_back(std::move(o));
+  for (const std::string& b : all_gather(encode_outcome(mine), what)) {
+    out.push_back(decode_from(describe(static_cast<int>(out.size())), what,
+                              [&] { return decode_outcome(b); }));
   }
   return out;
 }

@@ -1,11 +1,15 @@
 // group.hpp — the processes of a node meeting for one collective operation.
 //
-// Rank 0 is the hub: it binds <private_dir>/<group>.sock, accepts the other ranks, checks each
-// one's credentials (same uid) and hello (same group, size and operation; rank in range and not
-// taken), then closes and unlinks the socket it created before answering anyone — so no
-// connection for the next operation can reach this one's listener, and no file is left behind.
-// The other ranks connect, retrying until the deadline, and check that the hub runs as the same
-// user. If any rank said it cannot take part (`ready` false), every rank fails with its reason.
+// A group is one job: it is named by the job's identity (group_spec::job, from the launcher's
+// run id or TAGMEM_NCCL_JOB) and a group name within the job. Rank 0 is the hub: it takes the
+// group's lock and listens (rendezvous_point.hpp), accepts the other ranks, checks each one's
+// credentials (same uid; the pid the kernel reports becomes that rank's process identity) and
+// hello (same job, group, size and operation; rank in range and not taken), then closes and
+// unlinks its socket before answering anyone — so no connection for the next operation can
+// reach this one's listener. Its welcome names the job, the group and every rank's process; each
+// other rank checks all three (and that the process it is connected to is the one named rank 0).
+// A process of another job that reaches the socket anyway is an error naming both jobs.
+// The other ranks connect, retrying until the deadline.
 //
 // After joining, the session offers three exchanges, each a sequence of bounded waits:
 //  - all_gather: every rank contributes a blob and receives all of them, in rank order;
@@ -15,7 +19,8 @@
 //  - outcome: an all_gather of each rank's status and message, so all ranks learn together
 //    whether a step failed anywhere.
 // A rank that fails in the middle closes its connection; the hub then tells the others (ABORT,
-// with the reason) and everyone throws PEER or TIMEOUT naming the rank.
+// with the reason) and everyone throws PEER or TIMEOUT naming the rank. Descriptors received
+// are owned (owned_fds) on every path, errors included.
 #pragma once
 
 #include <sys/types.h>
@@ -25,23 +30,23 @@
 #include <string>
 #include <vector>
 
+#include "messages.hpp"
+#include "process_identity.hpp"
 #include "tagmem/tagmem.h"
 #include "unix_channel.hpp"
 
 namespace tagmem::nccl {
 
-enum class group_op : std::uint32_t { pause = 1, resume = 2 };
-const char* op_name(group_op op);
-
 struct group_spec {
-  std::string name;
+  std::string job;   // the job's identity: only processes of one job meet
+  std::string name;  // the group within the job
   int rank = 0;
   int size = 1;
   int timeout_ms = 60000;
 };
 
-// Resolves NULL / -1 / 0 from the environment (see tagmem_nccl.h) and checks the values.
-// Throws INVALID_ARGUMENT.
+// Resolves NULL / -1 / 0 and the job identity from the environment (see tagmem_nccl.h) and
+// checks the values. Throws INVALID_ARGUMENT naming the setting to give.
 group_spec resolve_spec(const char* name, int rank, int size, int timeout_ms);
 
 struct letter {
@@ -50,14 +55,8 @@ struct letter {
   std::vector<int> fds;  // borrowed: the caller still owns and closes them
 };
 
-// Receives a letter; takes ownership of `fds`.
-using letter_handler =
-    std::function<void(int from, const std::string& blob, std::vector<int>& fds)>;
-
-struct rank_outcome {
-  tagmem_status status = TAGMEM_SUCCESS;
-  std::string message;
-};
+// Receives a letter. `fds` are the receiver's: take() what it keeps, the rest is closed after.
+using letter_handler = std::function<void(int from, const std::string& blob, owned_fds& fds)>;
 
 class group_session {
  public:
@@ -69,8 +68,10 @@ class group_session {
 
   int rank() const { return spec_.rank; }
   int size() const { return spec_.size; }
-  pid_t pid_of(int rank) const { return pids_[rank]; }
-  int rank_of_pid(pid_t pid) const;  // -1 when no rank has it
+  // The process that is rank `r` in this session.
+  const process_identity& member(int r) const { return members_[r]; }
+  // "rank 2 (pid 123)", for messages.
+  std::string describe(int r) const;
 
   std::vector<std::string> all_gather(const std::string& blob, const char* what);
   void mail(const std::vector<letter>& outbox, const letter_handler& on_receive, const char* what);
@@ -81,12 +82,16 @@ class group_session {
   void join_as_hub(bool ready, tagmem_status why_code, const std::string& why_not);
   void join_as_spoke(bool ready, tagmem_status why_code, const std::string& why_not);
   [[noreturn]] void abort_all(tagmem_status code, const std::string& message);
-  void check_abort(message& m);  // throws if m is an ABORT
+  void check_abort(const message& m);  // throws if m is an ABORT
+  // A spoke's send; if rank 0 is gone, throws the reason it sent before going, when it did.
+  void send_to_hub(std::uint32_t type, const std::string& payload, const std::vector<int>& fds,
+                   const char* what);
   int spoke_wait_ms() const;
+  std::string who() const;  // "group 'g' of job 'j'"
 
   group_spec spec_;
   group_op op_;
-  std::vector<pid_t> pids_;
+  std::vector<process_identity> members_;
   std::vector<std::unique_ptr<unix_channel>> peers_;  // hub: one per rank (null for itself)
   std::unique_ptr<unix_channel> hub_;                 // spoke: the hub
 };

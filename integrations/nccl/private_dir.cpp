@@ -1,6 +1,7 @@
 // private_dir.cpp — finding, creating and checking the rendezvous directory (see header).
 #include "private_dir.hpp"
 
+#include <sys/random.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -14,10 +15,28 @@
 namespace tagmem::nccl {
 namespace {
 
-std::string chosen_path() {
-  if (const char* d = std::getenv("TAGMEM_NCCL_DIR"); d && *d) return d;
-  if (const char* x = std::getenv("XDG_RUNTIME_DIR"); x && *x) return std::string(x) + "/tagmem";
-  return "/tmp/tagmem-" + std::to_string(::geteuid());
+pid_t g_chosen_by = 0;  // the process whose load chose TAGMEM_NCCL_DIR, if one did
+
+bool set(const char* name) {
+  const char* v = std::getenv(name);
+  return v && *v;
+}
+
+// Runs when the shim loads, before the program's main and before any thread of it exists (so
+// setenv is safe here), and before a launcher copies its environment for the ranks it starts.
+__attribute__((constructor)) void choose_job_directory() {
+  if (set("TAGMEM_NCCL_DIR") || set("XDG_RUNTIME_DIR")) return;
+  unsigned char random[16];
+  if (::getrandom(random, sizeof random, 0) != static_cast<ssize_t>(sizeof random)) return;
+  const char* tmp = std::getenv("TMPDIR");
+  std::string path = tmp && tmp[0] == '/' ? tmp : "/tmp";
+  path += "/tagmem-" + std::to_string(::geteuid()) + "-";
+  for (unsigned char b : random) {
+    char hex[3];
+    std::snprintf(hex, sizeof hex, "%02x", b);
+    path += hex;
+  }
+  if (::setenv("TAGMEM_NCCL_DIR", path.c_str(), 0) == 0) g_chosen_by = ::getpid();
 }
 
 [[noreturn]] void refuse(const std::string& path, const std::string& why) {
@@ -27,8 +46,19 @@ std::string chosen_path() {
 
 }  // namespace
 
+bool private_dir_chosen_here() { return g_chosen_by != 0 && g_chosen_by == ::getpid(); }
+
 std::string private_dir() {
-  std::string path = chosen_path();
+  std::string path;
+  if (set("TAGMEM_NCCL_DIR")) {
+    path = std::getenv("TAGMEM_NCCL_DIR");
+  } else if (set("XDG_RUNTIME_DIR")) {
+    path = std::string(std::getenv("XDG_RUNTIME_DIR")) + "/tagmem";
+  } else {
+    fail(TAGMEM_ERROR_INVALID_ARGUMENT,
+         "no rendezvous directory: set TAGMEM_NCCL_DIR to a directory private to this user and "
+         "shared by the job's processes (or XDG_RUNTIME_DIR)");
+  }
   if (::mkdir(path.c_str(), 0700) != 0 && errno != EEXIST) {
     fail(TAGMEM_ERROR_PEER, "cannot create the rendezvous directory '" + path +
                                 "': " + std::strerror(errno) + " (set TAGMEM_NCCL_DIR)");

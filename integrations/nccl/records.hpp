@@ -28,6 +28,7 @@
 
 #include "host_store.hpp"
 #include "metadata_heap.hpp"
+#include "process_identity.hpp"
 
 namespace tagmem::nccl {
 
@@ -69,11 +70,15 @@ struct allocation : meta_object {
   bool foreign_export = false;         // exported as a non-POSIX handle: cannot be re-shared
   bool multicast = false;              // bound to a multicast object (NVLS): cannot be rebuilt
   bool dma_buf = false;                // exported as a dma-buf (a NIC registers it): cannot move
-  // Set by a pause's matching (imported records) or at import (emulated legacy IPC).
+  // Imported: the owner, set by a pause's matching — its rank in that pause, its record id and
+  // its process, which must be rank `source_rank` again in every later pause and resume.
   int source_rank = -1;
   std::uint64_t source_id = 0;
-  pid_t source_pid = 0;
+  process_identity source_process;
   meta_vector<std::uint32_t> matched_indices;  // of the owner's exports, found in this pause
+  // Created here and exported: the processes found to hold one of its fds, the only ones whose
+  // claims on it are served (Note [matching shared allocations] in collective.cpp).
+  meta_vector<process_identity> importers;
   // While released.
   bool released = false;
   meta_vector<host_extent> backup;  // created/classic: the bytes

@@ -6,6 +6,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
@@ -15,7 +16,6 @@ namespace tagmem::nccl {
 namespace {
 
 constexpr std::uint32_t kMagic = 0x4e4d4754;  // "TGMN"
-constexpr std::uint32_t kMaxPayload = 64u << 20;
 
 struct header {
   std::uint32_t magic;
@@ -23,8 +23,49 @@ struct header {
   std::uint32_t length;
   std::uint32_t fds;
 };
+static_assert(sizeof(header) == kFrameHeaderBytes);
+
+// Payload bytes are read in pieces of at most this, so that a header announcing a large
+// payload costs memory only as the bytes actually arrive.
+constexpr std::size_t kReadChunk = 1u << 20;
 
 }  // namespace
+
+owned_fds& owned_fds::operator=(owned_fds&& other) noexcept {
+  if (this != &other) {
+    reset();
+    fds_ = std::move(other.fds_);
+    other.fds_.clear();
+  }
+  return *this;
+}
+
+int owned_fds::take(std::size_t i) {
+  int fd = fds_.at(i);
+  fds_[i] = -1;
+  return fd;
+}
+
+void owned_fds::reset() noexcept {
+  for (int fd : fds_)
+    if (fd >= 0) ::close(fd);
+  fds_.clear();
+}
+
+frame_header decode_frame_header(const void* bytes, std::size_t fds_received,
+                                 const std::string& peer, const char* what) {
+  header h{};
+  std::memcpy(&h, bytes, sizeof h);
+  if (h.magic != kMagic || h.length > kMaxPayload || h.fds != fds_received) {
+    fail(TAGMEM_ERROR_PEER, peer + " sent a malformed message while " + what);
+  }
+  return {h.type, h.length, h.fds};
+}
+
+std::string encode_frame_header(std::uint32_t type, std::uint32_t length, std::uint32_t fds) {
+  header h{kMagic, type, length, fds};
+  return std::string(reinterpret_cast<const char*>(&h), sizeof h);
+}
 
 long long monotonic_ms() {
   timespec ts{};
@@ -71,9 +112,8 @@ void unix_channel::send(std::uint32_t type, const std::string& payload, const st
   TAGMEM_EXPECTS(fds.size() <= kMaxFds && payload.size() <= kMaxPayload, TAGMEM_ERROR_INTERNAL,
                  "rendezvous message too large");
   const long long deadline = monotonic_ms() + timeout_ms;
-  header h{kMagic, type, static_cast<std::uint32_t>(payload.size()),
-           static_cast<std::uint32_t>(fds.size())};
-  std::string bytes(reinterpret_cast<const char*>(&h), sizeof h);
+  std::string bytes = encode_frame_header(type, static_cast<std::uint32_t>(payload.size()),
+                                          static_cast<std::uint32_t>(fds.size()));
   bytes += payload;
   std::size_t sent = 0;
   while (sent < bytes.size()) {
@@ -104,17 +144,16 @@ void unix_channel::send(std::uint32_t type, const std::string& payload, const st
 
 message unix_channel::receive(int timeout_ms, const char* what) {
   const long long deadline = monotonic_ms() + timeout_ms;
-  message out;
-  header h{};
+  message out;  // its descriptors close on every error path
+  char raw[kFrameHeaderBytes];
   std::size_t got = 0;
   auto closed = [&] {
-    for (int fd : out.fds) ::close(fd);
     fail(TAGMEM_ERROR_PEER,
          peer_name_ + " closed the connection while " + what + " (did it exit or fail?)");
   };
-  while (got < sizeof h) {
+  while (got < sizeof raw) {
     wait_for(POLLIN, deadline, what);
-    iovec iov{reinterpret_cast<char*>(&h) + got, sizeof h - got};
+    iovec iov{raw + got, sizeof raw - got};
     msghdr msg{};
     msg.msg_iov = &iov;
     msg.msg_iovlen = 1;
@@ -130,29 +169,35 @@ message unix_channel::receive(int timeout_ms, const char* what) {
     for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c; c = CMSG_NXTHDR(&msg, c)) {
       if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
       std::size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-      const int* fds = reinterpret_cast<const int*>(CMSG_DATA(c));
-      out.fds.insert(out.fds.end(), fds, fds + count);
+      const unsigned char* data = CMSG_DATA(c);
+      for (std::size_t i = 0; i < count; ++i) {
+        int fd;
+        std::memcpy(&fd, data + i * sizeof fd, sizeof fd);
+        out.fds.push_back(fd);
+      }
     }
     if (msg.msg_flags & MSG_CTRUNC) {
-      for (int fd : out.fds) ::close(fd);
       fail(TAGMEM_ERROR_PEER, "descriptors from " + peer_name_ + " were truncated while " + what +
                                   " (too many open files? raise ulimit -n)");
     }
     if (n == 0) closed();
     got += static_cast<std::size_t>(n);
   }
-  if (h.magic != kMagic || h.length > kMaxPayload || h.fds != out.fds.size()) {
-    for (int fd : out.fds) ::close(fd);
-    fail(TAGMEM_ERROR_PEER, peer_name_ + " sent a malformed message while " + what);
-  }
+  frame_header h = decode_frame_header(raw, out.fds.size(), peer_name_, what);
   out.type = h.type;
-  out.payload.resize(h.length);
-  for (got = 0; got < h.length;) {
+  out.payload.reserve(std::min<std::size_t>(h.length, kReadChunk));
+  while (out.payload.size() < h.length) {
     wait_for(POLLIN, deadline, what);
-    ssize_t n = ::recv(fd_, out.payload.data() + got, h.length - got, MSG_DONTWAIT);
-    if (n < 0 && (errno == EINTR || errno == EAGAIN)) continue;
+    std::size_t have = out.payload.size();
+    std::size_t want = std::min<std::size_t>(h.length - have, kReadChunk);
+    out.payload.resize(have + want);
+    ssize_t n = ::recv(fd_, out.payload.data() + have, want, MSG_DONTWAIT);
+    if (n < 0 && (errno == EINTR || errno == EAGAIN)) {
+      out.payload.resize(have);
+      continue;
+    }
     if (n <= 0) closed();
-    got += static_cast<std::size_t>(n);
+    out.payload.resize(have + static_cast<std::size_t>(n));
   }
   return out;
 }

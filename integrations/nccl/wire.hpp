@@ -2,8 +2,10 @@
 //
 // Little-endian fixed-width integers and length-prefixed strings appended to a std::string, read
 // back with bounds checks: a message that ends early or is malformed throws PEER instead of
-// reading past its end (all peers run the same build, so this guards against bugs and stray
-// connections, not against hostile peers, who are kept out by the directory and credentials).
+// reading past its end, and a count read from a message is checked against the bytes left
+// before anything is sized from it, so a peer's bytes never decide how much memory is taken.
+// (Peers of other users are kept out by the directory and credentials, peers of other jobs by
+// the job identity; this guards against bugs, stray connections and fuzzed bytes.)
 #pragma once
 
 #include <cstdint>
@@ -38,6 +40,7 @@ class wire_writer {
 class wire_reader {
  public:
   explicit wire_reader(const std::string& in) : in_(in) {}
+  explicit wire_reader(std::string&&) = delete;  // it keeps a reference
   std::uint32_t u32() { return raw<std::uint32_t>(); }
   std::uint64_t u64() { return raw<std::uint64_t>(); }
   std::int32_t i32() { return raw<std::int32_t>(); }
@@ -48,7 +51,19 @@ class wire_reader {
     pos_ += n;
     return s;
   }
+  // A count of items that take at least `min_item_bytes` each: more than the bytes left can
+  // hold throws PEER.
+  std::uint32_t count(std::size_t min_item_bytes) {
+    std::uint32_t n = u32();
+    if (min_item_bytes && n > (in_.size() - pos_) / min_item_bytes)
+      fail(TAGMEM_ERROR_PEER, "a peer sent a count larger than its message");
+    return n;
+  }
   bool done() const { return pos_ == in_.size(); }
+  // Throws PEER if bytes are left over.
+  void finish() {
+    if (!done()) fail(TAGMEM_ERROR_PEER, "a peer sent a message with trailing bytes");
+  }
 
  private:
   template <class T>
@@ -76,8 +91,9 @@ inline std::string pack_list(const std::vector<std::string>& items) {
 
 inline std::vector<std::string> unpack_list(const std::string& packed) {
   wire_reader r(packed);
-  std::vector<std::string> out(r.u32());
+  std::vector<std::string> out(r.count(sizeof(std::uint32_t)));
   for (auto& s : out) s = r.str();
+  r.finish();
   return out;
 }
 

@@ -73,11 +73,15 @@ class Shim:
     def status_of(self, status):
         return self.lib.tagmem_status_string(status).decode()
 
+    # group None: TAGMEM_NCCL_GROUP, else "nccl", within the job the launcher identifies
+    # (docs/nccl.md).
     def nccl_pause(self, group, rank, size, timeout_ms=60000):
-        self._check(self.lib.tagmem_nccl_pause(group.encode(), rank, size, timeout_ms), "pause")
+        name = group.encode() if group is not None else None
+        self._check(self.lib.tagmem_nccl_pause(name, rank, size, timeout_ms), "pause")
 
     def nccl_resume(self, group, rank, size, timeout_ms=60000):
-        self._check(self.lib.tagmem_nccl_resume(group.encode(), rank, size, timeout_ms), "resume")
+        name = group.encode() if group is not None else None
+        self._check(self.lib.tagmem_nccl_resume(name, rank, size, timeout_ms), "resume")
 
     def nccl_stats(self):
         s = NcclStats()

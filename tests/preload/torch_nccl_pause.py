@@ -125,7 +125,7 @@ def main():
         sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
         from tagmem_shim import Shim
         shim = Shim()
-        group = os.environ.get("TAGMEM_NCCL_GROUP", "torch-nccl-pause")
+        group = None  # the shim's default: this torchrun job (TORCHELASTIC_RUN_ID), group "nccl"
         expected = None
         if args.baseline:
             with open(os.path.join(args.baseline, f"rank-{rank}-digests.json")) as f:
