@@ -90,10 +90,12 @@ if [ -x "$TESTS" ] && [ -f "$EMU" ]; then
            LD_LIBRARY_PATH="$BUILD/tests/preload:${EMU%/*}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
            TAGMEM_NCCL_DIR="$RDV/rdv" TAGMEM_NCCL_CUMEMALLOC=vmm)
   run_phase emu-preload-tests env "${EMU_ENV[@]}" "$TESTS" \
-    --gtest_filter=-RuntimeDefaultTag.*:DlsymNext.*
+    --gtest_filter=-RuntimeDefaultTag.*:DlsymNext.*:TmsInitEnable.*
   run_phase emu-preload-rtld-next env "${EMU_ENV[@]}" "$TESTS" --gtest_filter=DlsymNext.*
   run_phase emu-preload-default-tag env "${EMU_ENV[@]}" TAGMEM_PRELOAD_TAG=everything "$TESTS" \
     --gtest_filter=RuntimeDefaultTag.*
+  run_phase emu-preload-tms-init env "${EMU_ENV[@]}" TMS_INIT_ENABLE=1 "$TESTS" \
+    --gtest_filter=TmsInitEnable.*
   rm -rf "$RDV"
 else
   skip_phase emu-preload-tests "not built: $TESTS / $EMU"

@@ -252,7 +252,11 @@ class _Impl:
                 f"get_cpu_backup: tag '{owner['tag']}' is paused without a CPU backup "
                 "(open its region with enable_cpu_backup=True)",
             )
-        return _tt().host_tensor(x, copy=not zero_copy)
+        if zero_copy and len(_api.host_pieces(x.data_ptr(), x.numel() * x.element_size())) == 1:
+            return _tt().host_tensor(x, copy=False)
+        # A backup that lies in several host pieces has no single view: callers get its bytes
+        # as a copy, which is what they read either way.
+        return _tt().host_tensor(x, copy=True)
 
 
 class TorchMemorySaver:
