@@ -215,7 +215,8 @@ TAGMEM_API tagmem_status tagmem_wait_released(int device);
 
 /* Grows the pinned host store to at least `bytes` ahead of need. With `wait` 0 the pinning runs
  * on background threads and the call returns at once; a later offload waits for it as needed.
- * Errors: HOST_OUT_OF_MEMORY, DRIVER (only when wait != 0). */
+ * Errors: INVALID_ARGUMENT (`bytes` beyond 2^48, more than any process can map; checked in both
+ * modes, nothing is started), HOST_OUT_OF_MEMORY, DRIVER (only when wait != 0). */
 TAGMEM_API tagmem_status tagmem_host_reserve(size_t bytes, int wait);
 
 /* Unpins and frees host store memory that holds no backup, keeping at least `keep_bytes`.
