@@ -81,8 +81,9 @@ const char* pin_method_name(pin_method how) noexcept {
 
 unsigned pin_threads_from_env() {
   if (const char* t = std::getenv("TAGMEM_HOST_PIN_THREADS"); t && *t) {
-    long v = std::strtol(t, nullptr, 10);
-    TAGMEM_EXPECTS(v >= 1 && v <= 256, TAGMEM_ERROR_INVALID_ARGUMENT,
+    char* end = nullptr;
+    long v = std::strtol(t, &end, 10);
+    TAGMEM_EXPECTS(*end == '\0' && v >= 1 && v <= 256, TAGMEM_ERROR_INVALID_ARGUMENT,
                    std::string("TAGMEM_HOST_PIN_THREADS='") + t + "': expected 1..256");
     return static_cast<unsigned>(v);
   }

@@ -113,6 +113,9 @@ TAGMEM_API void tagmem_config_init(tagmem_config* config);
 
 /* Initialises tagmem with `config` (NULL: defaults and environment). Loads the CUDA driver from
  * TAGMEM_LIBCUDA if set, else libcuda.so.1; it never falls back to anything else.
+ * Every setting is checked here, the TAGMEM_* variables (read once, here) as much as `config`'s
+ * fields: a bad one (unparsable, zero, not a multiple of 2 MiB where the granularity needs it,
+ * beyond 2^48 bytes) fails with INVALID_ARGUMENT and a message naming the setting and its value.
  * Errors: NO_DRIVER, DRIVER, INVALID_ARGUMENT (bad config). Calling it again while initialised
  * is INVALID_ARGUMENT. */
 TAGMEM_API tagmem_status tagmem_init(const tagmem_config* config);
