@@ -172,11 +172,13 @@ tagmem_status tagmem_pop_tag(void) {
 const char* tagmem_current_tag(void) { return current_tag(); }
 
 tagmem_status tagmem_malloc(void** ptr, size_t size, int device, tagmem_stream stream) {
+  if (ptr) *ptr = nullptr;  // also when initialising tagmem fails
   return guarded([&](registry& r) { malloc_in(r, ptr, size, current_tag(), device, stream); });
 }
 
 tagmem_status tagmem_malloc_tagged(void** ptr, size_t size, const char* tag, int device,
                                    tagmem_stream stream) {
+  if (ptr) *ptr = nullptr;  // also when initialising tagmem fails
   return guarded([&](registry& r) { malloc_in(r, ptr, size, tag, device, stream); });
 }
 
