@@ -162,7 +162,12 @@ const char* tagmem_status_string(tagmem_status status) {
 }
 
 tagmem_status tagmem_push_tag(const char* tag) {
-  return guarded_plain([&] { push_tag(tag); });
+  // The name first: a bad one is INVALID_ARGUMENT even where tagmem cannot initialise.
+  if (tagmem_status s = guarded_plain([&] { check_tag_name(tag); }); s != TAGMEM_SUCCESS) return s;
+  return guarded([&](registry& r) {
+    r.get_or_create(r.resolve_device(TAGMEM_CURRENT_DEVICE), tag);  // tagmem.h: exists from here
+    push_tag(tag);
+  });
 }
 
 tagmem_status tagmem_pop_tag(void) {

@@ -12,7 +12,8 @@
  *  - `device` is a CUDA device ordinal, or TAGMEM_CURRENT_DEVICE for the device of the calling
  *    thread's current CUDA context (device 0 when the thread has none).
  *  - Tag names are non-empty, NUL-terminated, at most TAGMEM_MAX_TAG_NAME bytes; a tag exists on
- *    a device from its first allocation (or first push) on.
+ *    a device from its first allocation there on, or from the first tagmem_push_tag of its name
+ *    by a thread whose current device it is (tags are never removed before tagmem_shutdown).
  *  - All functions are thread-safe unless stated otherwise. The library initialises itself on
  *    first use with defaults and TAGMEM_* environment variables; tagmem_init() is only needed
  *    to pass a configuration.
@@ -134,8 +135,12 @@ TAGMEM_API const char* tagmem_status_string(tagmem_status status);
 
 /* ---- tag scope (per thread) ---------------------------------------------------------------- */
 
-/* Makes `tag` the calling thread's current tag until the matching pop. Scopes nest.
- * Errors: INVALID_ARGUMENT (bad name). */
+/* Makes `tag` the calling thread's current tag until the matching pop. Scopes nest. Creates the
+ * tag on the calling thread's current device (TAGMEM_CURRENT_DEVICE) if it does not exist there,
+ * so tagmem_list_tags and tagmem_tag_stats_get see it before its first allocation; like any
+ * other call, initialises tagmem on first use.
+ * Errors: INVALID_ARGUMENT (bad name, checked first: nothing is created), NO_DRIVER, DRIVER,
+ * HOST_OUT_OF_MEMORY (initialising tagmem or the device; nothing is pushed). */
 TAGMEM_API tagmem_status tagmem_push_tag(const char* tag);
 
 /* Ends the innermost scope. Errors: SCOPE_EMPTY. */

@@ -190,6 +190,15 @@ def test_errors_are_exceptions_with_tagmem_status_and_message():
         tagmem.init()
 
 
+def test_a_tag_scope_creates_its_tag():
+    assert not tagmem.exists("scoped")
+    with tagmem.tag("scoped"):
+        assert tagmem.exists("scoped")
+        assert tagmem.state("scoped") == "resident"
+        assert tagmem.stats("scoped")["live_allocations"] == 0
+    assert tagmem.tags() == ["scoped"]
+
+
 def test_a_failed_list_changes_no_tag(io, rng):
     p = tagmem.raw_alloc(MiB, tag="keep")
     data = fill(io, rng, p, MiB)

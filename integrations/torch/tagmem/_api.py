@@ -79,7 +79,8 @@ def tag(name):
 
     Allocations made by tagmem on this thread without an explicit tag (raw_alloc without `tag`,
     and every CUDA allocation in tagmem.torch's global mode) go to `name` inside the block. Scopes
-    nest and are per thread. For PyTorch's default MemPool mode use ``tagmem.torch.tag``.
+    nest and are per thread. Entering creates the tag on the thread's current device if it does
+    not exist there yet. For PyTorch's default MemPool mode use ``tagmem.torch.tag``.
     """
     lib = _lib.lib()
     _errors.check(lib.tagmem_push_tag(_name(name)))
@@ -143,7 +144,8 @@ def state(name, device=None):
 
 
 def exists(name, device=None):
-    """Whether tag `name` exists on the device (it does from its first allocation on)."""
+    """Whether tag `name` exists on the device (it does from its first allocation or tag scope
+    there on)."""
     return name in tags(device)
 
 

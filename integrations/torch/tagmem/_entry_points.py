@@ -104,8 +104,9 @@ def slot_for(tag):
                 f"tag '{tag}': all {k} MemPool slots are bound (to {sorted(_slots)}); "
                 "a process can use that many distinct tags in tagmem.torch's MemPool mode",
             )
-        if h.tagmem_torch_bind_slot(k, tag.encode()) != 0:
-            raise _errors.error_for(1, h.tagmem_torch_bind_error().decode())
+        status = h.tagmem_torch_bind_slot(k, tag.encode())
+        if status != 0:
+            raise _errors.error_for(status, h.tagmem_torch_bind_error().decode())
         _slots[tag] = k
         return k
 
