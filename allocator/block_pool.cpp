@@ -60,9 +60,11 @@ block* block_pool::take_free(std::size_t size, CUstream stream, bool small) {
 
 block* block_pool::new_segment(std::size_t size, bool small) {
   const std::size_t gran = arena_.dev().granularity();
-  std::size_t seg_size = small                  ? cfg_.chunk_bytes
-                         : size <= medium_limit ? round_up(cfg_.large_segment_bytes, gran)
-                                                : round_up(size, gran);
+  std::size_t seg_size =
+      small ? cfg_.chunk_bytes
+      : size <= medium_limit
+          ? round_up(cfg_.large_segment_bytes, gran)
+          : round_up_checked(size, gran, TAGMEM_ERROR_INVALID_ARGUMENT, "an allocation");
   CUdeviceptr va = arena_.allocate_va(seg_size);
   try {
     arena_.map_new(va, seg_size);
@@ -103,7 +105,8 @@ block* block_pool::split(block* b, std::size_t size) {
 }
 
 block* block_pool::allocate(std::size_t size, CUstream stream) {
-  std::size_t rounded = round_up(size, alignment);
+  std::size_t rounded =
+      round_up_checked(size, alignment, TAGMEM_ERROR_INVALID_ARGUMENT, "an allocation");
   bool small = rounded <= small_limit;
   block* b = take_free(rounded, stream, small);
   if (!b) {

@@ -180,7 +180,12 @@ const char* tagmem_status_string(tagmem_status status) {
 }
 
 tagmem_status tagmem_push_tag(const char* tag) {
-  return guarded_plain([&] { push_tag(tag); });
+  // The name first: a bad one is INVALID_ARGUMENT even where tagmem cannot initialise.
+  if (tagmem_status s = guarded_plain([&] { check_tag_name(tag); }); s != TAGMEM_SUCCESS) return s;
+  return guarded([&](registry& r) {
+    r.get_or_create(r.resolve_device(TAGMEM_CURRENT_DEVICE), tag);  // tagmem.h: exists from here
+    push_tag(tag);
+  });
 }
 
 tagmem_status tagmem_pop_tag(void) {
@@ -190,11 +195,13 @@ tagmem_status tagmem_pop_tag(void) {
 const char* tagmem_current_tag(void) { return current_tag(); }
 
 tagmem_status tagmem_malloc(void** ptr, size_t size, int device, tagmem_stream stream) {
+  if (ptr) *ptr = nullptr;  // also when initialising tagmem fails
   return guarded([&](registry& r) { malloc_in(r, ptr, size, current_tag(), device, stream); });
 }
 
 tagmem_status tagmem_malloc_tagged(void** ptr, size_t size, const char* tag, int device,
                                    tagmem_stream stream) {
+  if (ptr) *ptr = nullptr;  // also when initialising tagmem fails
   return guarded([&](registry& r) { malloc_in(r, ptr, size, tag, device, stream); });
 }
 

@@ -4,21 +4,28 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <string>
 #include <utility>
 
+#include "byte_math.hpp"
 #include "error.hpp"
+#include "host_pinning.hpp"
 
 namespace tagmem {
 namespace {
 
-// Parses "123", "64K", "2M", "256G" (binary units).
+// Parses "123", "64K", "2M", "256G" (binary units). Signs, spaces and values that do not fit
+// a size_t are refused: strtoull would negate "-1" into SIZE_MAX, and a shift would wrap.
 std::size_t parse_bytes(const char* name, const char* text) {
+  auto not_a_size = [&](const char* why) {
+    fail(TAGMEM_ERROR_INVALID_ARGUMENT, std::string(name) + "='" + text + "' " + why);
+  };
+  if (*text < '0' || *text > '9') not_a_size("is not a size");
   errno = 0;
   char* end = nullptr;
   unsigned long long v = std::strtoull(text, &end, 10);
-  TAGMEM_EXPECTS(errno == 0 && end != text, TAGMEM_ERROR_INVALID_ARGUMENT,
-                 std::string(name) + "='" + text + "' is not a size");
+  if (errno == ERANGE) not_a_size("is too large");
   std::size_t shift = 0;
   switch (*end) {
     case 'k':
@@ -39,18 +46,36 @@ std::size_t parse_bytes(const char* name, const char* text) {
     default:
       break;
   }
-  TAGMEM_EXPECTS(*end == '\0' || std::strcmp(end, "iB") == 0 || std::strcmp(end, "B") == 0,
-                 TAGMEM_ERROR_INVALID_ARGUMENT,
-                 std::string(name) + "='" + text + "' is not a size");
+  if (*end != '\0' && std::strcmp(end, "iB") != 0 && std::strcmp(end, "B") != 0) {
+    not_a_size("is not a size");
+  }
+  if (v > (std::numeric_limits<std::size_t>::max() >> shift)) not_a_size("is too large");
   return static_cast<std::size_t>(v) << shift;
 }
 
-void take(std::size_t& field, std::size_t user, const char* env) {
+// Sets `field` from the user's field (when non-zero), else from `env` (when set); returns how a
+// message names where the value came from, with the value as given.
+std::string take(std::size_t& field, std::size_t user, const char* user_name, const char* env) {
   if (user) {
     field = user;
-  } else if (const char* text = std::getenv(env); text && *text) {
-    field = parse_bytes(env, text);
+    return std::string("tagmem_config.") + user_name + "=" + std::to_string(user);
   }
+  if (const char* text = std::getenv(env); text && *text) {
+    field = parse_bytes(env, text);
+    return std::string(env) + "='" + text + "'";
+  }
+  return std::string("the default ") + user_name + "=" + std::to_string(field);
+}
+
+// Refuses a size setting outside [min_bytes, kMaxAddressableBytes] or not a multiple of
+// `multiple` (0: any), naming the setting and its value.
+void check_size(const std::string& origin, std::size_t value, std::size_t min_bytes,
+                std::size_t multiple) {
+  const bool ok = value >= min_bytes && value <= kMaxAddressableBytes &&
+                  (multiple == 0 || value % multiple == 0);
+  TAGMEM_EXPECTS(ok, TAGMEM_ERROR_INVALID_ARGUMENT,
+                 origin + ": expected " + (multiple ? "a multiple of 2 MiB " : "") + "from " +
+                     std::to_string(min_bytes >> 20) + " MiB to 256 TiB");
 }
 
 // The value of `env` among two named choices, `fallback` when unset; INVALID_ARGUMENT otherwise.
@@ -76,16 +101,23 @@ config make_config(const tagmem_config* user) {
     user = &zero;
   }
   config c;
-  take(c.chunk_bytes, user->chunk_bytes, "TAGMEM_CHUNK_BYTES");
-  take(c.arena_bytes, user->arena_bytes, "TAGMEM_ARENA_BYTES");
-  take(c.copy_piece_bytes, user->copy_piece_bytes, "TAGMEM_COPY_PIECE_BYTES");
-  take(c.max_mapping_bytes, user->max_mapping_bytes, "TAGMEM_MAX_MAPPING_BYTES");
-  take(c.host_slab_bytes, 0, "TAGMEM_HOST_SLAB_BYTES");
-  take(c.discard_mapping_bytes, 0, "TAGMEM_DISCARD_MAPPING_BYTES");
+  const std::string chunk =
+      take(c.chunk_bytes, user->chunk_bytes, "chunk_bytes", "TAGMEM_CHUNK_BYTES");
+  const std::string arena =
+      take(c.arena_bytes, user->arena_bytes, "arena_bytes", "TAGMEM_ARENA_BYTES");
+  const std::string piece = take(c.copy_piece_bytes, user->copy_piece_bytes, "copy_piece_bytes",
+                                 "TAGMEM_COPY_PIECE_BYTES");
+  const std::string mapping = take(c.max_mapping_bytes, user->max_mapping_bytes,
+                                   "max_mapping_bytes", "TAGMEM_MAX_MAPPING_BYTES");
+  const std::string slab = take(c.host_slab_bytes, 0, "host_slab_bytes", "TAGMEM_HOST_SLAB_BYTES");
+  const std::string discard =
+      take(c.discard_mapping_bytes, 0, "discard_mapping_bytes", "TAGMEM_DISCARD_MAPPING_BYTES");
   if (const char* n = std::getenv("TAGMEM_COPY_STREAMS"); n && *n) {
     char* end = nullptr;
+    errno = 0;
     long v = std::strtol(n, &end, 10);
-    TAGMEM_EXPECTS(*end == '\0' && v >= 1 && v <= 16, TAGMEM_ERROR_INVALID_ARGUMENT,
+    TAGMEM_EXPECTS(errno == 0 && end != n && *end == '\0' && v >= 1 && v <= 16,
+                   TAGMEM_ERROR_INVALID_ARGUMENT,
                    std::string("TAGMEM_COPY_STREAMS='") + n + "': expected 1 to 16");
     c.copy_streams = static_cast<int>(v);
   }
@@ -97,19 +129,18 @@ config make_config(const tagmem_config* user) {
                                 c.background_release);
   c.swap_background_release = choose(
       "TAGMEM_SWAP_RELEASE", {{"background", true}, {"inline", false}}, c.swap_background_release);
+  // Read by the host store when it is first used; checked here so that init reports them.
+  (void)pin_method_from_env();
+  (void)pin_threads_from_env();
   constexpr std::size_t granule = 2ull << 20;  // the driver's granularity is checked per device
-  TAGMEM_EXPECTS(c.chunk_bytes % granule == 0, TAGMEM_ERROR_INVALID_ARGUMENT,
-                 "chunk_bytes must be a multiple of 2 MiB");
-  TAGMEM_EXPECTS(c.arena_bytes % granule == 0 && c.arena_bytes >= c.chunk_bytes,
-                 TAGMEM_ERROR_INVALID_ARGUMENT, "arena_bytes must be a multiple of 2 MiB");
-  TAGMEM_EXPECTS(c.max_mapping_bytes % granule == 0, TAGMEM_ERROR_INVALID_ARGUMENT,
-                 "max_mapping_bytes must be a multiple of 2 MiB");
-  TAGMEM_EXPECTS(c.discard_mapping_bytes % granule == 0, TAGMEM_ERROR_INVALID_ARGUMENT,
-                 "TAGMEM_DISCARD_MAPPING_BYTES must be a multiple of 2 MiB");
-  TAGMEM_EXPECTS(c.copy_piece_bytes >= (1u << 20), TAGMEM_ERROR_INVALID_ARGUMENT,
-                 "copy_piece_bytes must be at least 1 MiB");
-  TAGMEM_EXPECTS(c.host_slab_bytes >= (1u << 20), TAGMEM_ERROR_INVALID_ARGUMENT,
-                 "TAGMEM_HOST_SLAB_BYTES must be at least 1 MiB");
+  check_size(chunk, c.chunk_bytes, granule, granule);
+  check_size(arena, c.arena_bytes, granule, granule);
+  TAGMEM_EXPECTS(c.arena_bytes >= c.chunk_bytes, TAGMEM_ERROR_INVALID_ARGUMENT,
+                 arena + ": must be at least the chunk size (" + chunk + ")");
+  check_size(mapping, c.max_mapping_bytes, granule, granule);
+  check_size(discard, c.discard_mapping_bytes, granule, granule);
+  check_size(piece, c.copy_piece_bytes, 1u << 20, 0);
+  check_size(slab, c.host_slab_bytes, 1u << 20, 0);
   return c;
 }
 

@@ -24,6 +24,8 @@ constexpr std::size_t kHuge = 2u << 20;
 
 // A 2 MiB aligned anonymous mapping, so that huge pages can back all of it.
 char* map_aligned(std::size_t bytes) {
+  TAGMEM_EXPECTS(bytes <= kMaxAddressableBytes, TAGMEM_ERROR_HOST_OUT_OF_MEMORY,
+                 "cannot map " + std::to_string(bytes) + " bytes of host memory to pin");
   void* p =
       mmap(nullptr, bytes + kHuge, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   TAGMEM_EXPECTS(p != MAP_FAILED, TAGMEM_ERROR_HOST_OUT_OF_MEMORY,
@@ -79,8 +81,9 @@ const char* pin_method_name(pin_method how) noexcept {
 
 unsigned pin_threads_from_env() {
   if (const char* t = std::getenv("TAGMEM_HOST_PIN_THREADS"); t && *t) {
-    long v = std::strtol(t, nullptr, 10);
-    TAGMEM_EXPECTS(v >= 1 && v <= 256, TAGMEM_ERROR_INVALID_ARGUMENT,
+    char* end = nullptr;
+    long v = std::strtol(t, &end, 10);
+    TAGMEM_EXPECTS(*end == '\0' && v >= 1 && v <= 256, TAGMEM_ERROR_INVALID_ARGUMENT,
                    std::string("TAGMEM_HOST_PIN_THREADS='") + t + "': expected 1..256");
     return static_cast<unsigned>(v);
   }
@@ -143,8 +146,9 @@ void pin_parallel(std::size_t bytes, std::size_t min_piece, unsigned threads, pi
                   CUcontext context, const std::function<void(pinned_range)>& done) {
   if (bytes == 0) return;
   threads = std::max(threads, 1u);
-  min_piece = round_up(std::max(min_piece, kHuge), kHuge);
-  bytes = round_up(bytes, kHuge);
+  min_piece = round_up_checked(std::max(min_piece, kHuge), kHuge, TAGMEM_ERROR_INVALID_ARGUMENT,
+                               "a pinned slab");
+  bytes = round_up_checked(bytes, kHuge, TAGMEM_ERROR_HOST_OUT_OF_MEMORY, "pinning host memory");
   // As many pieces as threads, none smaller than min_piece.
   std::size_t pieces = std::clamp<std::size_t>(bytes / min_piece, 1, threads);
   std::size_t piece = round_up((bytes + pieces - 1) / pieces, kHuge);

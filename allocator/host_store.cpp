@@ -70,7 +70,8 @@ void host_store::add_slab(pinned_range r) {
 }
 
 void host_store::grow(std::size_t bytes) {
-  bytes = round_up(std::max(bytes, slab_bytes_), kPage);
+  bytes = round_up_checked(std::max(bytes, slab_bytes_), kPage, TAGMEM_ERROR_HOST_OUT_OF_MEMORY,
+                           "pinning host memory");
   pin_parallel(bytes, slab_bytes_, threads_, method_, context_,
                [this](pinned_range r) { add_slab(r); });
 }
@@ -153,6 +154,9 @@ void host_store::background_loop() {
 }
 
 void host_store::reserve(std::size_t bytes, bool wait) {
+  // Refused here, not in the background: a target that can never be pinned would keep the
+  // background thread and every acquire waiting for it.
+  (void)round_up_checked(bytes, kPage, TAGMEM_ERROR_INVALID_ARGUMENT, "tagmem_host_reserve");
   std::unique_lock lock(mutex_);
   if (wait) {
     changed_.wait(lock, [&] { return !background_running_; });

@@ -83,8 +83,9 @@ CUdeviceptr vm_arena::allocate_va(std::size_t bytes) {
     if (rest) free_va_.emplace(va + bytes, rest);
     return va;
   }
-  std::size_t size = std::max(cfg_.arena_bytes, bytes);
-  size = round_up(size, dev_.granularity());
+  const std::size_t size =
+      round_up_checked(std::max(cfg_.arena_bytes, bytes), dev_.granularity(),
+                       TAGMEM_ERROR_OUT_OF_MEMORY, "a virtual address reservation");
   CUdeviceptr hint =
       reservations_.empty() ? 0 : reservations_.back().base + reservations_.back().size;
   CUdeviceptr base = 0;

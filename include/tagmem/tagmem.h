@@ -12,7 +12,8 @@
  *  - `device` is a CUDA device ordinal, or TAGMEM_CURRENT_DEVICE for the device of the calling
  *    thread's current CUDA context (device 0 when the thread has none).
  *  - Tag names are non-empty, NUL-terminated, at most TAGMEM_MAX_TAG_NAME bytes; a tag exists on
- *    a device from its first allocation (or first push) on.
+ *    a device from its first allocation there on, or from the first tagmem_push_tag of its name
+ *    by a thread whose current device it is (tags are never removed before tagmem_shutdown).
  *  - All functions are thread-safe unless stated otherwise. The library initialises itself on
  *    first use with defaults and TAGMEM_* environment variables; tagmem_init() is only needed
  *    to pass a configuration.
@@ -113,6 +114,9 @@ TAGMEM_API void tagmem_config_init(tagmem_config* config);
 
 /* Initialises tagmem with `config` (NULL: defaults and environment). Loads the CUDA driver from
  * TAGMEM_LIBCUDA if set, else libcuda.so.1; it never falls back to anything else.
+ * Every setting is checked here, the TAGMEM_* variables (read once, here) as much as `config`'s
+ * fields: a bad one (unparsable, zero, not a multiple of 2 MiB where the granularity needs it,
+ * beyond 2^48 bytes) fails with INVALID_ARGUMENT and a message naming the setting and its value.
  * Errors: NO_DRIVER, DRIVER, INVALID_ARGUMENT (bad config). Calling it again while initialised
  * is INVALID_ARGUMENT. */
 TAGMEM_API tagmem_status tagmem_init(const tagmem_config* config);
@@ -131,8 +135,12 @@ TAGMEM_API const char* tagmem_status_string(tagmem_status status);
 
 /* ---- tag scope (per thread) ---------------------------------------------------------------- */
 
-/* Makes `tag` the calling thread's current tag until the matching pop. Scopes nest.
- * Errors: INVALID_ARGUMENT (bad name). */
+/* Makes `tag` the calling thread's current tag until the matching pop. Scopes nest. Creates the
+ * tag on the calling thread's current device (TAGMEM_CURRENT_DEVICE) if it does not exist there,
+ * so tagmem_list_tags and tagmem_tag_stats_get see it before its first allocation; like any
+ * other call, initialises tagmem on first use.
+ * Errors: INVALID_ARGUMENT (bad name, checked first: nothing is created), NO_DRIVER, DRIVER,
+ * HOST_OUT_OF_MEMORY (initialising tagmem or the device; nothing is pushed). */
 TAGMEM_API tagmem_status tagmem_push_tag(const char* tag);
 
 /* Ends the innermost scope. Errors: SCOPE_EMPTY. */
@@ -215,7 +223,8 @@ TAGMEM_API tagmem_status tagmem_wait_released(int device);
 
 /* Grows the pinned host store to at least `bytes` ahead of need. With `wait` 0 the pinning runs
  * on background threads and the call returns at once; a later offload waits for it as needed.
- * Errors: HOST_OUT_OF_MEMORY, DRIVER (only when wait != 0). */
+ * Errors: INVALID_ARGUMENT (`bytes` beyond 2^48, more than any process can map; checked in both
+ * modes, nothing is started), HOST_OUT_OF_MEMORY, DRIVER (only when wait != 0). */
 TAGMEM_API tagmem_status tagmem_host_reserve(size_t bytes, int wait);
 
 /* Unpins and frees host store memory that holds no backup, keeping at least `keep_bytes`.

@@ -85,8 +85,13 @@ tagmem_status tagmem_torch_bind_slot(int k, const char* tag) {
     return fail("slot " + std::to_string(k) + " is out of range [0, " +
                 std::to_string(TAGMEM_TORCH_SLOTS) + ")");
   }
-  // tagmem_push_tag checks the name exactly as allocation will, and creates nothing.
-  if (tagmem_push_tag(tag) != TAGMEM_SUCCESS) return fail(tagmem_last_error());
+  // tagmem_push_tag checks the name exactly as allocation will. It also creates the tag on the
+  // current device, where the slot's first allocations are about to go (tagmem.torch binds with
+  // the pool's device current).
+  if (tagmem_status s = tagmem_push_tag(tag); s != TAGMEM_SUCCESS) {
+    fail(tagmem_last_error());
+    return s;
+  }
   tagmem_pop_tag();
   std::lock_guard lock(g_bind_mutex);
   slot& s = g_slots[k];

@@ -35,8 +35,10 @@ extern "C" {
 
 /* Binds slot `slot` to `tag` for the life of the process. Binding a slot again to the same tag
  * succeeds; to another tag it fails (PyTorch may still hold segments through the slot).
- * Returns TAGMEM_SUCCESS or TAGMEM_ERROR_INVALID_ARGUMENT (slot out of range, bad tag name, slot
- * bound to another tag); tagmem_torch_bind_error() then says why. */
+ * A first binding checks the name with tagmem_push_tag/tagmem_pop_tag, which creates the tag on
+ * the calling thread's current device. Returns TAGMEM_SUCCESS, TAGMEM_ERROR_INVALID_ARGUMENT
+ * (slot out of range, bad tag name, slot bound to another tag) or another failure of
+ * tagmem_push_tag (tagmem could not initialise); tagmem_torch_bind_error() then says why. */
 TAGMEM_TORCH_API tagmem_status tagmem_torch_bind_slot(int slot, const char* tag);
 
 /* Why the calling thread's last failed tagmem_torch_bind_slot() failed. Valid until its next

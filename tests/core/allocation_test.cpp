@@ -140,6 +140,48 @@ TEST_F(Allocation, EmptyCacheReturnsIdleChunksAndKeepsLiveOnes) {
   TAGMEM_OK(tagmem_free(keep, nullptr));
 }
 
+// tagmem.h: a tag exists from its first push on the pushing thread's current device.
+TEST_F(Allocation, PushCreatesTheTagOnTheCurrentDevice) {
+  tagmem_tag_stats s{};
+  TAGMEM_FAILS_WITH(tagmem_tag_stats_get("pushed", 0, &s), TAGMEM_ERROR_UNKNOWN_TAG);
+  TAGMEM_OK(tagmem_push_tag("pushed"));  // the fixture keeps device 0's context current
+  TAGMEM_OK(tagmem_tag_stats_get("pushed", 0, &s));
+  EXPECT_EQ(s.state, TAGMEM_RESIDENT);
+  EXPECT_EQ(s.live_allocations, 0u);
+  EXPECT_EQ(s.mapped_bytes, 0u);
+  char names[8][TAGMEM_MAX_TAG_NAME + 1];
+  std::size_t count = 0;
+  TAGMEM_OK(tagmem_list_tags(0, names, 8, &count));
+  ASSERT_EQ(count, 1u);
+  EXPECT_STREQ(names[0], "pushed");
+  // An existing tag is offloadable and reloadable before anything was allocated in it.
+  const char* tags[] = {"pushed"};
+  TAGMEM_OK(tagmem_offload(tags, 1, TAGMEM_CURRENT_DEVICE, TAGMEM_BACKUP));
+  TAGMEM_OK(tagmem_reload(tags, 1, TAGMEM_CURRENT_DEVICE));
+  // Pushing it again creates nothing new; popping removes nothing.
+  TAGMEM_OK(tagmem_push_tag("pushed"));
+  TAGMEM_OK(tagmem_pop_tag());
+  TAGMEM_OK(tagmem_pop_tag());
+  TAGMEM_OK(tagmem_list_tags(0, names, 8, &count));
+  EXPECT_EQ(count, 1u);
+  // A refused name creates nothing.
+  TAGMEM_FAILS_WITH(tagmem_push_tag("bad name"), TAGMEM_ERROR_INVALID_ARGUMENT);
+  TAGMEM_OK(tagmem_list_tags(0, names, 8, &count));
+  EXPECT_EQ(count, 1u);
+  // An allocation in the scope lands in the tag the push created.
+  auto rng = rng_for_test();
+  TAGMEM_OK(tagmem_push_tag("pushed"));
+  void* p = nullptr;
+  TAGMEM_OK(tagmem_malloc(&p, 5000, 0, nullptr));
+  TAGMEM_OK(tagmem_pop_tag());
+  auto bytes = random_bytes(rng, 5000);
+  write_device(p, bytes.data(), bytes.size());
+  TAGMEM_OK(tagmem_offload(tags, 1, 0, TAGMEM_BACKUP));
+  TAGMEM_OK(tagmem_reload(tags, 1, 0));
+  EXPECT_EQ(read_device(p, bytes.size()), bytes);
+  TAGMEM_OK(tagmem_free(p, nullptr));
+}
+
 TEST_F(Allocation, TagsAreListedPerDevice) {
   void* a = nullptr;
   void* b = nullptr;

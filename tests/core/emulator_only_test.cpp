@@ -57,5 +57,26 @@ TEST_F(EmulatorOnly, ProcessMemoryFallsAfterOffloadAndReturnsAfterReload) {
   TAGMEM_OK(tagmem_free(p, nullptr));
 }
 
+// The emulator has two devices: a push creates its tag on the pushing thread's current device
+// only.
+TEST_F(EmulatorOnly, PushCreatesTheTagOnTheCurrentDeviceOnly) {
+  const auto& api = driver_api_for_tests();
+  CUdevice one = 0;
+  CUcontext ctx1 = nullptr, before = nullptr;
+  ASSERT_EQ(api.cuDeviceGet(&one, 1), CUDA_SUCCESS) << "the emulator should have two devices";
+  ASSERT_EQ(api.cuDevicePrimaryCtxRetain(&ctx1, one), CUDA_SUCCESS);
+  ASSERT_EQ(api.cuCtxGetCurrent(&before), CUDA_SUCCESS);
+  ASSERT_EQ(api.cuCtxSetCurrent(ctx1), CUDA_SUCCESS);
+  tagmem_status pushed = tagmem_push_tag("on_one");
+  ASSERT_EQ(api.cuCtxSetCurrent(before), CUDA_SUCCESS);
+  TAGMEM_OK(pushed);
+  tagmem_tag_stats s{};
+  TAGMEM_OK(tagmem_tag_stats_get("on_one", 1, &s));
+  EXPECT_EQ(s.live_allocations, 0u);
+  TAGMEM_FAILS_WITH(tagmem_tag_stats_get("on_one", 0, &s), TAGMEM_ERROR_UNKNOWN_TAG);
+  TAGMEM_OK(tagmem_pop_tag());
+  ASSERT_EQ(api.cuDevicePrimaryCtxRelease(one), CUDA_SUCCESS);
+}
+
 }  // namespace
 }  // namespace tagmem::test

@@ -487,7 +487,7 @@ void runner::follow_after_fault(int d, const std::vector<const char*>& out,
   }
 }
 
-// A failed allocation may have created its (empty) tag, and no other.
+// A failed allocation or push may have created its (empty) tag, and no other.
 void runner::adopt_new_tag(int device, const std::string& name) {
   for (int d = 0; d < kDevices; ++d) {
     char names[32][TAGMEM_MAX_TAG_NAME + 1];
@@ -496,7 +496,7 @@ void runner::adopt_new_tag(int device, const std::string& name) {
     for (std::size_t i = 0; i < count && i < 32; ++i) {
       if (m_.find(d, names[i])) continue;
       if (d != device || name != names[i]) {
-        return fail(std::string("a failed allocation created tag '") + names[i] + "'");
+        return fail(std::string("a failed allocation or push created tag '") + names[i] + "'");
       }
       m_.tags[{d, names[i]}] = tag_model{};
     }
@@ -513,7 +513,13 @@ void runner::op_push() {
   before_call();
   tagmem_status s = tagmem_push_tag(name);
   after_call();
-  if (expect("push " + show(name), s, errs)) m_.scope.emplace_back(name);
+  if (expect("push " + show(name), s, errs)) {
+    m_.scope.emplace_back(name);
+    // tagmem.h: the push created the tag on the current device (device 0 in this harness).
+    if (!m_.find(0, name)) m_.tags[{0, name}] = tag_model{};
+  } else if (s != TAGMEM_SUCCESS && errs.empty()) {
+    adopt_new_tag(0, name);  // a fault after the tag was created leaves it existing
+  }
 }
 
 void runner::op_pop() {

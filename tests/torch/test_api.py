@@ -190,6 +190,84 @@ def test_errors_are_exceptions_with_tagmem_status_and_message():
         tagmem.init()
 
 
+def test_arguments_ctypes_would_convert_are_refused_before_the_call():
+    """ctypes turns -1 into SIZE_MAX, 2**32 + 1 into device 1 and "a\\0b" into tag "a"."""
+    keep = tagmem.raw_alloc(4096, tag="kept")
+    cases = [
+        (lambda: tagmem.host_reserve(-1, wait=True), "out of range"),
+        (lambda: tagmem.host_reserve(-1), "out of range"),
+        (lambda: tagmem.host_reserve(1 << 64), "out of range"),
+        (lambda: tagmem.host_trim(-1), "out of range"),
+        (lambda: tagmem.raw_alloc(-1, tag="neg"), "out of range"),
+        (lambda: tagmem.raw_alloc((1 << 64) + 4096, tag="wrap"), "out of range"),
+        (lambda: tagmem.raw_alloc(4096.5, tag="float"), "integer"),
+        (lambda: tagmem.raw_alloc(True, tag="bool"), "bool"),
+        (lambda: tagmem.raw_alloc(4096, tag="dev", device=(1 << 32)), "device"),
+        (lambda: tagmem.raw_alloc(4096, tag="dev", device=-2), "device"),
+        (lambda: tagmem.raw_alloc(4096, tag="dev", device=1.0), "device"),
+        (lambda: tagmem.raw_alloc(4096, tag="strm", stream=-1), "stream"),
+        (lambda: tagmem.raw_alloc(4096, tag="a\0b"), "NUL"),
+        (lambda: tagmem.tag("a\0b").__enter__(), "NUL"),
+        (lambda: tagmem.offload("kept\0"), "NUL"),
+        (lambda: tagmem.stats("kept\0junk"), "NUL"),
+        (lambda: tagmem.offload("kept", device=(1 << 32)), "device"),
+        (lambda: tagmem.tags(device=(1 << 32) + 1), "device"),
+        (lambda: tagmem.raw_free(-keep), "ptr"),
+        (lambda: tagmem.raw_free(keep + (1 << 64)), "ptr"),
+        (lambda: tagmem.pointer_info(keep - (1 << 64)), "ptr"),
+        (lambda: tagmem.init(chunk_bytes=-1), "chunk_bytes"),
+    ]
+    for i, (call, text) in enumerate(cases):
+        with pytest.raises(tagmem.InvalidArgumentError, match=text) as caught:
+            call()
+        assert caught.value.status_name == "TAGMEM_ERROR_INVALID_ARGUMENT", i
+    # None of them reached tagmem: no tag was made, nothing pinned, the allocation is intact.
+    assert tagmem.tags() == ["kept"] and tagmem.current_tag() == "default"
+    assert tagmem.stats()["host_pinned_bytes"] == 0
+    assert tagmem.stats("kept")["live_allocations"] == 1
+    tagmem.raw_free(keep)
+
+
+def test_a_negative_background_reserve_leaves_offloads_working(rng):
+    # Before arguments were checked, -1 reached the C library as SIZE_MAX and the offload then
+    # waited forever for background pinning; a child process with a deadline turns a hang into
+    # a failure.
+    code = (
+        "import sys; sys.path.insert(0, %r)\n"
+        "from device_io import DeviceIO\n"
+        "import tagmem, random\n"
+        "try:\n"
+        "    tagmem.host_reserve(-1)\n"
+        "except tagmem.InvalidArgumentError as e:\n"
+        "    print('refused', e)\n"
+        "io = DeviceIO(0)\n"
+        "p = tagmem.raw_alloc(3 << 20, tag='spill')\n"
+        "data = random.Random(%r).randbytes(3 << 20)\n"
+        "io.write(p, data)\n"
+        "tagmem.offload('spill')\n"
+        "tagmem.reload('spill')\n"
+        "print('intact', io.read(p, 3 << 20) == data)\n"
+        "tagmem.shutdown()\n"
+    ) % (os.path.dirname(os.path.abspath(__file__)), rng.getrandbits(64))
+    try:
+        result = _python(code, timeout=120)
+    except subprocess.TimeoutExpired:
+        pytest.fail("host_reserve(-1) then an offload did not finish within 120 s (hung)")
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0].startswith("refused TAGMEM_ERROR_INVALID_ARGUMENT") and "out of range" in lines[0]
+    assert lines[1] == "intact True"
+
+
+def test_a_tag_scope_creates_its_tag():
+    assert not tagmem.exists("scoped")
+    with tagmem.tag("scoped"):
+        assert tagmem.exists("scoped")
+        assert tagmem.state("scoped") == "resident"
+        assert tagmem.stats("scoped")["live_allocations"] == 0
+    assert tagmem.tags() == ["scoped"]
+
+
 def test_a_failed_list_changes_no_tag(io, rng):
     p = tagmem.raw_alloc(MiB, tag="keep")
     data = fill(io, rng, p, MiB)
@@ -256,10 +334,12 @@ def test_host_store_can_be_reserved_and_trimmed():
 # ---- finding the library --------------------------------------------------------------------------
 
 
-def _python(code, **env):
+def _python(code, timeout=None, **env):
     full = dict(os.environ, **env)
     full["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
-    return subprocess.run([sys.executable, "-c", code], env=full, capture_output=True, text=True)
+    return subprocess.run(
+        [sys.executable, "-c", code], env=full, capture_output=True, text=True, timeout=timeout
+    )
 
 
 def test_library_in_the_process_wins_over_tagmem_library():

@@ -1,7 +1,9 @@
 """The plain tag API over tagmem's C ABI; no PyTorch needed.
 
 Each function is a direct call into libtagmem (see _lib) whose failure raises the exception mapped
-from its status (see _errors). Devices are CUDA ordinals; ``None`` means the calling thread's
+from its status (see _errors). Arguments are checked before the call (see _args): a negative size,
+a device beyond a C int or a name with a NUL raises InvalidArgumentError instead of being
+converted into something else. Devices are CUDA ordinals; ``None`` means the calling thread's
 current CUDA device (TAGMEM_CURRENT_DEVICE: the device of its current context, device 0 when it
 has none). Modes are ``"backup"`` / ``"discard"`` or the BACKUP / DISCARD constants.
 """
@@ -9,7 +11,7 @@ has none). Modes are ``"backup"`` / ``"discard"`` or the BACKUP / DISCARD consta
 import contextlib
 import ctypes
 
-from . import _errors, _lib
+from . import _args, _errors, _lib
 
 BACKUP = 0
 DISCARD = 1
@@ -17,8 +19,8 @@ _MODES = {"backup": BACKUP, "discard": DISCARD, BACKUP: BACKUP, DISCARD: DISCARD
 _STATES = {0: "resident", 1: "offloaded_backup", 2: "offloaded_discard"}
 
 
-def _device(device):
-    return _lib.CURRENT_DEVICE if device is None else int(device)
+_device = _args.device
+_name = _args.name
 
 
 def _mode(mode):
@@ -26,12 +28,6 @@ def _mode(mode):
         return _MODES[mode.lower() if isinstance(mode, str) else mode]
     except (KeyError, TypeError):
         raise _errors.error_for(1, f"offload mode {mode!r}: expected 'backup' or 'discard'") from None
-
-
-def _name(tag):
-    if not isinstance(tag, str):
-        raise _errors.error_for(1, f"tag name must be a str, not {type(tag).__name__}")
-    return tag.encode()
 
 
 def _names(tags):
@@ -54,10 +50,10 @@ def init(chunk_bytes=0, arena_bytes=0, copy_piece_bytes=0, max_mapping_bytes=0):
     lib = _lib.lib()
     config = _lib.Config()
     lib.tagmem_config_init(ctypes.byref(config))
-    config.chunk_bytes = chunk_bytes
-    config.arena_bytes = arena_bytes
-    config.copy_piece_bytes = copy_piece_bytes
-    config.max_mapping_bytes = max_mapping_bytes
+    config.chunk_bytes = _args.size(chunk_bytes, "chunk_bytes")
+    config.arena_bytes = _args.size(arena_bytes, "arena_bytes")
+    config.copy_piece_bytes = _args.size(copy_piece_bytes, "copy_piece_bytes")
+    config.max_mapping_bytes = _args.size(max_mapping_bytes, "max_mapping_bytes")
     _errors.check(lib.tagmem_init(ctypes.byref(config)))
 
 
@@ -79,7 +75,8 @@ def tag(name):
 
     Allocations made by tagmem on this thread without an explicit tag (raw_alloc without `tag`,
     and every CUDA allocation in tagmem.torch's global mode) go to `name` inside the block. Scopes
-    nest and are per thread. For PyTorch's default MemPool mode use ``tagmem.torch.tag``.
+    nest and are per thread. Entering creates the tag on the thread's current device if it does
+    not exist there yet. For PyTorch's default MemPool mode use ``tagmem.torch.tag``.
     """
     lib = _lib.lib()
     _errors.check(lib.tagmem_push_tag(_name(name)))
@@ -143,7 +140,8 @@ def state(name, device=None):
 
 
 def exists(name, device=None):
-    """Whether tag `name` exists on the device (it does from its first allocation on)."""
+    """Whether tag `name` exists on the device (it does from its first allocation or tag scope
+    there on)."""
     return name in tags(device)
 
 
@@ -184,12 +182,12 @@ def wait_released(device=None):
 def host_reserve(nbytes, wait=False):
     """Grows the pinned host store to at least `nbytes` ahead of need (pinning is slow, copying is
     fast). With ``wait=False`` the pinning runs in the background."""
-    _errors.check(_lib.lib().tagmem_host_reserve(int(nbytes), 1 if wait else 0))
+    _errors.check(_lib.lib().tagmem_host_reserve(_args.size(nbytes, "nbytes"), 1 if wait else 0))
 
 
 def host_trim(keep_bytes=0):
     """Unpins and frees host store memory that holds no backup, keeping at least `keep_bytes`."""
-    _errors.check(_lib.lib().tagmem_host_trim(int(keep_bytes)))
+    _errors.check(_lib.lib().tagmem_host_trim(_args.size(keep_bytes, "keep_bytes")))
 
 
 # ---- statistics -------------------------------------------------------------------------------
@@ -251,26 +249,30 @@ def raw_alloc(nbytes, tag=None, device=None, stream=None):
     """Allocates `nbytes` of device memory in `tag` (default: the thread's current tag) and
     returns its address as an int. `stream` is a CUstream/cudaStream_t as an int (None: the
     legacy default stream). Free it with raw_free."""
+    size = _args.size(nbytes, "nbytes")
+    device = _device(device)
+    stream = _args.pointer(stream, "stream")
     lib = _lib.lib()
     ptr = ctypes.c_void_p()
     if tag is None:
-        status = lib.tagmem_malloc(ctypes.byref(ptr), int(nbytes), _device(device), stream)
+        status = lib.tagmem_malloc(ctypes.byref(ptr), size, device, stream)
     else:
-        status = lib.tagmem_malloc_tagged(
-            ctypes.byref(ptr), int(nbytes), _name(tag), _device(device), stream
-        )
+        status = lib.tagmem_malloc_tagged(ctypes.byref(ptr), size, _name(tag), device, stream)
     _errors.check(status)
     return ptr.value
 
 
 def raw_free(ptr, stream=None):
     """Frees an address returned by raw_alloc (allowed while its tag is offloaded)."""
+    ptr = _args.pointer(ptr, "ptr")
+    stream = _args.pointer(stream, "stream")
     _errors.check(_lib.lib().tagmem_free(ptr, stream))
 
 
 def pointer_info(ptr):
     """Which allocation holds address `ptr`: {"tag", "device", "base", "size"} (size as
     requested). Raises UnknownPointerError for memory tagmem did not allocate."""
+    ptr = _args.pointer(ptr, "ptr")
     name = ctypes.create_string_buffer(_lib.MAX_TAG_NAME + 1)
     device = ctypes.c_int(-1)
     base = ctypes.c_void_p()

@@ -14,7 +14,7 @@ import ctypes
 import os
 import threading
 
-from . import _errors, _lib
+from . import _args, _errors, _lib
 
 LIBRARY_NAME = "libtagmem_torch_alloc.so"
 GLOBAL_ALLOC = "tagmem_torch_alloc"
@@ -104,8 +104,9 @@ def slot_for(tag):
                 f"tag '{tag}': all {k} MemPool slots are bound (to {sorted(_slots)}); "
                 "a process can use that many distinct tags in tagmem.torch's MemPool mode",
             )
-        if h.tagmem_torch_bind_slot(k, tag.encode()) != 0:
-            raise _errors.error_for(1, h.tagmem_torch_bind_error().decode())
+        status = h.tagmem_torch_bind_slot(k, _args.name(tag))
+        if status != 0:
+            raise _errors.error_for(status, h.tagmem_torch_bind_error().decode())
         _slots[tag] = k
         return k
 
