@@ -276,6 +276,7 @@ tagmem_status tagmem_device_stats_get(int device, tagmem_device_stats* out) {
     s.host_pinned_bytes = hs.pinned_bytes;
     s.host_pinned_high_water = hs.high_water;
     s.host_used_bytes = hs.used_bytes;
+    s.host_budget_bytes = hs.budget_bytes;
     *out = s;
   });
 }

@@ -81,6 +81,7 @@ config make_config(const tagmem_config* user) {
   take(c.copy_piece_bytes, user->copy_piece_bytes, "TAGMEM_COPY_PIECE_BYTES");
   take(c.max_mapping_bytes, user->max_mapping_bytes, "TAGMEM_MAX_MAPPING_BYTES");
   take(c.host_slab_bytes, 0, "TAGMEM_HOST_SLAB_BYTES");
+  take(c.host_max_bytes, user->host_max_bytes, "TAGMEM_HOST_MAX_BYTES");
   take(c.discard_mapping_bytes, 0, "TAGMEM_DISCARD_MAPPING_BYTES");
   if (const char* n = std::getenv("TAGMEM_COPY_STREAMS"); n && *n) {
     char* end = nullptr;

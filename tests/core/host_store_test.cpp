@@ -7,9 +7,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#include <cstdlib>
 #include <cstring>
-#include <optional>
 #include <string>
 #include <vector>
 
@@ -20,27 +18,6 @@ namespace tagmem::test {
 namespace {
 
 constexpr std::size_t kSlab = 2u << 20;
-
-// Sets an environment variable for the fixture's lifetime, restoring what was there.
-class scoped_env {
- public:
-  scoped_env(const char* name, const char* value) : name_(name) {
-    if (const char* old = std::getenv(name)) old_ = old;
-    setenv(name, value, 1);
-  }
-  ~scoped_env() {
-    if (old_)
-      setenv(name_, old_->c_str(), 1);
-    else
-      unsetenv(name_);
-  }
-  scoped_env(const scoped_env&) = delete;
-  scoped_env& operator=(const scoped_env&) = delete;
-
- private:
-  const char* name_;
-  std::optional<std::string> old_;
-};
 
 // The driver call that gives a range of this method back.
 const char* unpin_call(pin_method how) {

@@ -11,6 +11,8 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <cstdlib>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -76,6 +78,27 @@ std::size_t rss_bytes();
 // The emulator's control API (tests of Emulator* suites only): tests/faults/emu_controls.hpp,
 // found in the same library instance tagmem loads; every member is null on the real driver.
 inline const reliability::emu_controls& emulator() { return reliability::emu(); }
+
+// Sets an environment variable for the fixture's lifetime, restoring what was there.
+class scoped_env {
+ public:
+  scoped_env(const char* name, const char* value) : name_(name) {
+    if (const char* old = std::getenv(name)) old_ = old;
+    setenv(name, value, 1);
+  }
+  ~scoped_env() {
+    if (old_)
+      setenv(name_, old_->c_str(), 1);
+    else
+      unsetenv(name_);
+  }
+  scoped_env(const scoped_env&) = delete;
+  scoped_env& operator=(const scoped_env&) = delete;
+
+ private:
+  const char* name_;
+  std::optional<std::string> old_;
+};
 
 // Gives each test a freshly initialised tagmem and shuts it down afterwards.
 class tagmem_test : public ::testing::Test {

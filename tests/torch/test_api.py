@@ -253,6 +253,19 @@ def test_host_store_can_be_reserved_and_trimmed():
     assert tagmem.stats()["host_pinned_bytes"] == 0
 
 
+def test_host_budget_refuses_an_offload_that_does_not_fit_and_keeps_the_tag(io, rng):
+    tagmem.init(host_max_bytes=16 * MiB)
+    assert tagmem.stats()["host_budget_bytes"] == 16 * MiB
+    ptr = tagmem.raw_alloc(24 * MiB, tag="too_big")
+    data = rng.randbytes(24 * MiB)
+    io.write(ptr, data)
+    with pytest.raises(tagmem.HostOutOfMemoryError, match="TAGMEM_HOST_MAX_BYTES"):
+        tagmem.offload("too_big", mode="backup")
+    assert tagmem.stats("too_big")["state"] == "resident"
+    assert io.read(ptr, len(data)) == data
+    assert tagmem.stats()["host_pinned_bytes"] == 0
+
+
 # ---- finding the library --------------------------------------------------------------------------
 
 
