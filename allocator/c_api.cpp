@@ -3,7 +3,8 @@
 // Every entry point runs its body through `guarded`, which turns any exception into a status and
 // a thread-local message, so no C caller ever sees an exception or an abort. The registry is
 // created on first use (or by tagmem_init with a configuration) and destroyed by
-// tagmem_shutdown; a process-wide shared lock keeps shutdown from racing with other calls.
+// tagmem_shutdown; a process-wide shared lock keeps shutdown from racing with other calls. In a
+// child forked after tagmem started, both refuse before touching anything (Note [fork]).
 #include <cstring>
 #include <mutex>
 #include <new>
@@ -13,6 +14,7 @@
 #include "address_index.hpp"
 #include "c_error.hpp"
 #include "driver/driver.hpp"
+#include "fork_guard.hpp"
 #include "registry.hpp"
 #include "tag_scope.hpp"
 #include "tagmem/tagmem.h"
@@ -33,8 +35,19 @@ tagmem_status record(tagmem_status code, const std::string& message) noexcept {
 }
 
 // Runs `body` with the registry, creating it with defaults on first use.
+// TAGMEM_ERROR_FORKED in a child forked after tagmem started (Note [fork]), else success.
+tagmem_status refuse_if_forked() noexcept {
+  if (!forked_after_start()) return TAGMEM_SUCCESS;
+  try {
+    return record(TAGMEM_ERROR_FORKED, forked_message());
+  } catch (...) {
+    return TAGMEM_ERROR_FORKED;
+  }
+}
+
 template <class F>
 tagmem_status guarded(F&& body) noexcept {
+  if (tagmem_status s = refuse_if_forked()) return s;
   try {
     for (;;) {
       {
@@ -60,6 +73,7 @@ tagmem_status guarded(F&& body) noexcept {
 
 template <class F>
 tagmem_status guarded_plain(F&& body) noexcept {
+  if (tagmem_status s = refuse_if_forked()) return s;
   try {
     body();
     return TAGMEM_SUCCESS;
@@ -104,6 +118,8 @@ void malloc_in(registry& r, void** ptr, std::size_t size, const char* name, int 
 tagmem_status record_c_error(tagmem_status code, const std::string& message) noexcept {
   return record(code, message);
 }
+
+tagmem_status refuse_c_call_if_forked() noexcept { return refuse_if_forked(); }
 
 }  // namespace tagmem
 
@@ -156,6 +172,7 @@ const char* tagmem_status_string(tagmem_status status) {
     TAGMEM_NAME(TAGMEM_ERROR_PEER)
     TAGMEM_NAME(TAGMEM_ERROR_TIMEOUT)
     TAGMEM_NAME(TAGMEM_ERROR_INTERNAL)
+    TAGMEM_NAME(TAGMEM_ERROR_FORKED)
 #undef TAGMEM_NAME
   }
   return "TAGMEM_UNKNOWN_STATUS";

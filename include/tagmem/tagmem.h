@@ -16,6 +16,13 @@
  *  - All functions are thread-safe unless stated otherwise. The library initialises itself on
  *    first use with defaults and TAGMEM_* environment variables; tagmem_init() is only needed
  *    to pass a configuration.
+ *  - fork(): once tagmem has started in a process (begun loading the CUDA driver; a shutdown does
+ *    not undo it), a child made by fork() cannot use it: tagmem's threads and CUDA do not survive
+ *    fork(). In such a child every function that returns a tagmem_status (tagmem_nccl.h's
+ *    included) fails at once with TAGMEM_ERROR_FORKED and a message saying so, touching no lock,
+ *    thread or driver state, and never blocks; the parent is unaffected. Use tagmem in the parent,
+ *    or start children with exec (Python multiprocessing: 'spawn' or 'forkserver'). A process
+ *    forked before tagmem started uses it normally.
  */
 #ifndef TAGMEM_TAGMEM_H
 #define TAGMEM_TAGMEM_H
@@ -50,7 +57,8 @@ typedef enum tagmem_status {
   TAGMEM_ERROR_SCOPE_EMPTY = 10,       /* tagmem_pop_tag() with nothing pushed */
   TAGMEM_ERROR_PEER = 11,              /* a cooperating process failed, disagreed or vanished */
   TAGMEM_ERROR_TIMEOUT = 12,           /* a bounded wait ran out */
-  TAGMEM_ERROR_INTERNAL = 13           /* an invariant broke; please report */
+  TAGMEM_ERROR_INTERNAL = 13,          /* an invariant broke; please report */
+  TAGMEM_ERROR_FORKED = 14             /* called in a child forked after tagmem started */
 } tagmem_status;
 
 typedef enum tagmem_offload_mode {

@@ -40,6 +40,7 @@ from ._api import (
 )
 from ._errors import (
     DriverError,
+    ForkedError,
     HostOutOfMemoryError,
     InternalError,
     InvalidArgumentError,
@@ -62,6 +63,7 @@ __all__ = [
     "BACKUP",
     "DISCARD",
     "DriverError",
+    "ForkedError",
     "HostOutOfMemoryError",
     "InternalError",
     "InvalidArgumentError",
