@@ -147,6 +147,17 @@ class fake_system {
                          " kB\nMemFree:  1 kB\nMemAvailable:   " +
                          std::to_string(available_mib << 10) + " kB\n");
   }
+  // The process in cgroup v2 at `path`, the hierarchy mounted from `hier_root` at <root>/<dir>.
+  void cgroup_v2(const std::string& path, const std::string& hier_root,
+                 const std::string& dir) const {
+    write("self_cgroup", "0::" + path + "\n");
+    write("mountinfo", mount_line(30, hier_root, dir, "cgroup2", "rw,nsdelegate"));
+  }
+  // memory.max and memory.current of the v2 cgroup at <root>/<dir>.
+  void v2_limit(const std::string& dir, const std::string& max, std::size_t current_mib) const {
+    write(dir + "/memory.max", max + "\n");
+    write(dir + "/memory.current", std::to_string(current_mib * MiB) + "\n");
+  }
   // A mountinfo line for a cgroup hierarchy mounted from `hier_root` at <root>/<dir>.
   std::string mount_line(int id, const std::string& hier_root, const std::string& dir,
                          const std::string& type, const std::string& options) const {
@@ -174,13 +185,10 @@ TEST(HostBudgetFormula, MemAvailableAloneLessTheMargin) {
 TEST(HostBudgetFormula, CgroupV2LevelsTightestWinsAndInactiveFileCountsAsFree) {
   fake_system f;
   f.meminfo(24 << 10, 20 << 10);
-  f.write("self_cgroup", "0::/job/step\n");
-  f.write("mountinfo", f.mount_line(30, "/", "cg2", "cgroup2", "rw,nsdelegate"));
-  f.write("cg2/job/step/memory.max", mib(400) + "\n");
-  f.write("cg2/job/step/memory.current", mib(300) + "\n");
+  f.cgroup_v2("/job/step", "/", "cg2");
+  f.v2_limit("cg2/job/step", mib(400), 300);
   f.write("cg2/job/step/memory.stat", "anon 1\ninactive_file " + mib(50) + "\nactive_file 7\n");
-  f.write("cg2/job/memory.max", "max\n");
-  f.write("cg2/job/memory.current", mib(900) + "\n");
+  f.v2_limit("cg2/job", "max", 900);
   host_memory m = read_host_memory(f.files());
   EXPECT_EQ(m.available, 150 * MiB);  // 400 - (300 - 50)
   EXPECT_EQ(m.total, 400 * MiB);
@@ -188,7 +196,7 @@ TEST(HostBudgetFormula, CgroupV2LevelsTightestWinsAndInactiveFileCountsAsFree) {
   EXPECT_EQ(host_headroom(m), 86 * MiB);  // margin 64 MiB: 400 MiB / 32 is less
 
   // A parent with less room left limits its children.
-  f.write("cg2/job/memory.max", mib(1000) + "\n");
+  f.v2_limit("cg2/job", mib(1000), 900);
   m = read_host_memory(f.files());
   EXPECT_EQ(m.available, 100 * MiB);
   EXPECT_EQ(m.limited_by, "cgroup v2 " + f.path("cg2/job"));
@@ -223,10 +231,8 @@ TEST(HostBudgetFormula, ContainerMountOfItsOwnCgroup) {
   fake_system f;
   f.meminfo(24 << 10, 20 << 10);
   // Without a cgroup namespace a container sees its host path, and its own cgroup is mounted.
-  f.write("self_cgroup", "0::/docker/abc\n");
-  f.write("mountinfo", f.mount_line(30, "/docker/abc", "cg", "cgroup2", "rw"));
-  f.write("cg/memory.max", mib(2048) + "\n");
-  f.write("cg/memory.current", mib(1024) + "\n");
+  f.cgroup_v2("/docker/abc", "/docker/abc", "cg");
+  f.v2_limit("cg", mib(2048), 1024);
   host_memory m = read_host_memory(f.files());
   EXPECT_EQ(m.available, 1024 * MiB);
   EXPECT_EQ(m.limited_by, "cgroup v2 " + f.path("cg"));
@@ -242,10 +248,8 @@ TEST(HostBudgetFormula, UnreadableOrMalformedSourcesLimitNothing) {
   EXPECT_EQ(host_headroom(m), SIZE_MAX);
   EXPECT_EQ(m.limited_by, "");
 
-  f.write("self_cgroup", "0::/a\n");
-  f.write("mountinfo", f.mount_line(30, "/", "cg2", "cgroup2", "rw"));
-  f.write("cg2/a/memory.max", "-5\n");
-  f.write("cg2/a/memory.current", "12\n");
+  f.cgroup_v2("/a", "/", "cg2");
+  f.v2_limit("cg2/a", "-5", 12);
   EXPECT_EQ(read_host_memory(f.files()).available, SIZE_MAX);
 }
 
