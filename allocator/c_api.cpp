@@ -3,7 +3,8 @@
 // Every entry point runs its body through `guarded`, which turns any exception into a status and
 // a thread-local message, so no C caller ever sees an exception or an abort. The registry is
 // created on first use (or by tagmem_init with a configuration) and destroyed by
-// tagmem_shutdown; a process-wide shared lock keeps shutdown from racing with other calls.
+// tagmem_shutdown; a process-wide shared lock keeps shutdown from racing with other calls. In a
+// child forked after tagmem started, both refuse before touching anything (Note [fork]).
 #include <atomic>
 #include <cstring>
 #include <mutex>
@@ -14,6 +15,7 @@
 #include "address_index.hpp"
 #include "c_error.hpp"
 #include "driver/driver.hpp"
+#include "fork_guard.hpp"
 #include "host_view.hpp"
 #include "registry.hpp"
 #include "tag_scope.hpp"
@@ -35,8 +37,19 @@ tagmem_status record(tagmem_status code, const std::string& message) noexcept {
 }
 
 // Runs `body` with the registry, creating it with defaults on first use.
+// TAGMEM_ERROR_FORKED in a child forked after tagmem started (Note [fork]), else success.
+tagmem_status refuse_if_forked() noexcept {
+  if (!forked_after_start()) return TAGMEM_SUCCESS;
+  try {
+    return record(TAGMEM_ERROR_FORKED, forked_message());
+  } catch (...) {
+    return TAGMEM_ERROR_FORKED;
+  }
+}
+
 template <class F>
 tagmem_status guarded(F&& body) noexcept {
+  if (tagmem_status s = refuse_if_forked()) return s;
   try {
     for (;;) {
       {
@@ -62,6 +75,7 @@ tagmem_status guarded(F&& body) noexcept {
 
 template <class F>
 tagmem_status guarded_plain(F&& body) noexcept {
+  if (tagmem_status s = refuse_if_forked()) return s;
   try {
     body();
     return TAGMEM_SUCCESS;
@@ -123,6 +137,8 @@ tagmem_status record_c_error(tagmem_status code, const std::string& message) noe
   return record(code, message);
 }
 
+tagmem_status refuse_c_call_if_forked() noexcept { return refuse_if_forked(); }
+
 }  // namespace tagmem
 
 using namespace tagmem;
@@ -174,6 +190,7 @@ const char* tagmem_status_string(tagmem_status status) {
     TAGMEM_NAME(TAGMEM_ERROR_PEER)
     TAGMEM_NAME(TAGMEM_ERROR_TIMEOUT)
     TAGMEM_NAME(TAGMEM_ERROR_INTERNAL)
+    TAGMEM_NAME(TAGMEM_ERROR_FORKED)
 #undef TAGMEM_NAME
   }
   return "TAGMEM_UNKNOWN_STATUS";
@@ -301,6 +318,7 @@ tagmem_status tagmem_device_stats_get(int device, tagmem_device_stats* out) {
     s.host_pinned_bytes = hs.pinned_bytes;
     s.host_pinned_high_water = hs.high_water;
     s.host_used_bytes = hs.used_bytes;
+    s.host_budget_bytes = hs.budget_bytes;
     *out = s;
   });
 }

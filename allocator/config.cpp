@@ -112,6 +112,8 @@ config make_config(const tagmem_config* user) {
   const std::string slab = take(c.host_slab_bytes, 0, "host_slab_bytes", "TAGMEM_HOST_SLAB_BYTES");
   const std::string discard =
       take(c.discard_mapping_bytes, 0, "discard_mapping_bytes", "TAGMEM_DISCARD_MAPPING_BYTES");
+  const std::string host_max =
+      take(c.host_max_bytes, user->host_max_bytes, "host_max_bytes", "TAGMEM_HOST_MAX_BYTES");
   if (const char* n = std::getenv("TAGMEM_COPY_STREAMS"); n && *n) {
     char* end = nullptr;
     errno = 0;
@@ -141,6 +143,8 @@ config make_config(const tagmem_config* user) {
   check_size(discard, c.discard_mapping_bytes, granule, granule);
   check_size(piece, c.copy_piece_bytes, 1u << 20, 0);
   check_size(slab, c.host_slab_bytes, 1u << 20, 0);
+  if (c.host_max_bytes != 0)
+    check_size(host_max, c.host_max_bytes, 1u << 20, 0);  // 0: the machine's
   return c;
 }
 

@@ -23,6 +23,7 @@ struct config {
   std::size_t max_mapping_bytes = 1ull << 30;       // largest coalesced physical allocation
   std::size_t discard_mapping_bytes = 16ull << 30;  // the same for a DISCARD tag's reload
   std::size_t host_slab_bytes = 256ull << 20;       // pinned host store grows by this at least
+  std::size_t host_max_bytes = 0;                   // cap on that store; 0: none (host_budget.hpp)
   int copy_streams = 2;                             // per direction, per device
   bool background_release = true;                   // Note [background release]
   bool swap_background_release = true;              // TAGMEM_SWAP_RELEASE (background|inline)

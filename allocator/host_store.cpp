@@ -7,6 +7,7 @@
 #include "host_store.hpp"
 
 #include <algorithm>
+#include <cstdint>
 #include <iterator>
 #include <string>
 #include <utility>
@@ -14,6 +15,7 @@
 #include "byte_math.hpp"
 #include "driver/driver.hpp"
 #include "error.hpp"
+#include "host_budget.hpp"
 
 namespace tagmem {
 namespace {
@@ -22,8 +24,9 @@ constexpr std::size_t kPage = 2u << 20;
 
 }  // namespace
 
-host_store::host_store(std::size_t slab_bytes, CUcontext context)
+host_store::host_store(std::size_t slab_bytes, CUcontext context, std::size_t max_bytes)
     : slab_bytes_(round_up(slab_bytes, kPage)),
+      max_bytes_(max_bytes),
       context_(context),
       method_(pin_method_from_env()),
       threads_(pin_threads_from_env()) {}
@@ -55,7 +58,7 @@ std::size_t host_store::free_bytes_locked() const {
   return stats_.pinned_bytes - stats_.used_bytes;
 }
 
-void host_store::add_slab(pinned_range r) {
+void host_store::add_slab(pinned_range r, std::size_t& added) {
   std::lock_guard lock(mutex_);
   slabs_.emplace(r.base, slab{r.size, 0});
   try {
@@ -66,14 +69,63 @@ void host_store::add_slab(pinned_range r) {
   }
   stats_.pinned_bytes += r.size;
   stats_.high_water = std::max(stats_.high_water, stats_.pinned_bytes);
+  growing_ -= r.size;  // now counted as pinned
+  added += r.size;
   changed_.notify_all();
 }
 
-void host_store::grow(std::size_t bytes) {
-  bytes = round_up_checked(std::max(bytes, slab_bytes_), kPage, TAGMEM_ERROR_HOST_OUT_OF_MEMORY,
-                           "pinning host memory");
+std::size_t host_store::budget_locked(std::size_t headroom) const {
+  std::size_t budget = stats_.pinned_bytes + std::min(headroom, SIZE_MAX - stats_.pinned_bytes);
+  return max_bytes_ ? std::min(budget, max_bytes_) : budget;
+}
+
+// Note [host budget]: the room is taken from the budget under the lock, before any page is
+// touched, so that growths on several threads cannot together pass it.
+std::size_t host_store::claim(std::size_t need, std::size_t asked, const char* what) {
+  const host_memory m = read_host_memory();  // file reads: outside the lock
+  const std::size_t headroom = host_headroom(m);
+  std::lock_guard lock(mutex_);
+  const std::size_t held = stats_.pinned_bytes + growing_;
+  const std::size_t budget = budget_locked(headroom);
+  const std::size_t room = (budget - std::min(budget, held)) / kPage * kPage;
+  if (need > room) {
+    std::string why =
+        max_bytes_ && budget == max_bytes_
+            ? "TAGMEM_HOST_MAX_BYTES=" + std::to_string(max_bytes_)
+            : "TAGMEM_HOST_MAX_BYTES " +
+                  (max_bytes_ ? "(" + std::to_string(max_bytes_) + ") is more than the default: "
+                              : std::string("is unset; the default: ")) +
+                  "what is pinned plus min(MemAvailable, free in each memory cgroup), less a "
+                  "margin of " +
+                  std::to_string(host_margin(m.total)) + " bytes; " + m.limited_by + " has " +
+                  std::to_string(m.available) + " bytes available";
+    fail(TAGMEM_ERROR_HOST_OUT_OF_MEMORY,
+         std::string(what) + " asks for " + std::to_string(asked) +
+             " bytes of pinned host memory: the pinned host store would have to grow by " +
+             std::to_string(need) + " bytes, but its host budget is " + std::to_string(budget) +
+             " bytes and it holds " + std::to_string(held) + " (" + why +
+             "); nothing was pinned or changed");
+  }
+  const std::size_t n = std::min(round_up(std::max(need, slab_bytes_), kPage), room);
+  growing_ += n;
+  return n;
+}
+
+void host_store::grow(std::size_t need, std::size_t asked, const char* what) {
+  const std::size_t bytes =
+      claim(round_up_checked(need, kPage, TAGMEM_ERROR_HOST_OUT_OF_MEMORY, what), asked, what);
+  std::size_t added = 0;  // guarded by mutex_
+  struct unclaim {
+    host_store& store;
+    std::size_t bytes;
+    std::size_t& added;
+    ~unclaim() {
+      std::lock_guard lock(store.mutex_);
+      store.growing_ -= bytes - added;  // pieces that failed
+    }
+  } give_back{*this, bytes, added};
   pin_parallel(bytes, slab_bytes_, threads_, method_, context_,
-               [this](pinned_range r) { add_slab(r); });
+               [this, &added](pinned_range r) { add_slab(r, added); });
 }
 
 meta_vector<host_extent> host_store::acquire(std::size_t bytes) {
@@ -85,7 +137,7 @@ meta_vector<host_extent> host_store::acquire(std::size_t bytes) {
     }
     std::size_t need = bytes - free_bytes_locked();
     lock.unlock();
-    grow(need);  // throws with nothing taken
+    grow(need, bytes, "a backup");  // throws with nothing taken
     lock.lock();
   }
   meta_vector<host_extent> out;
@@ -143,7 +195,7 @@ void host_store::background_loop() {
       need = target_bytes_ - stats_.pinned_bytes;
     }
     try {
-      grow(need);
+      grow(need, need, "tagmem_host_reserve");
     } catch (...) {
       break;  // dropped: the next acquire pins for itself and reports its own failure
     }
@@ -163,7 +215,7 @@ void host_store::reserve(std::size_t bytes, bool wait) {
     if (stats_.pinned_bytes >= bytes) return;
     std::size_t need = bytes - stats_.pinned_bytes;
     lock.unlock();
-    grow(need);
+    grow(need, bytes, "tagmem_host_reserve");
     return;
   }
   target_bytes_ = std::max(target_bytes_, bytes);
@@ -238,8 +290,11 @@ void host_store::trim(std::size_t keep_bytes) {
 }
 
 host_store_stats host_store::stats() {
+  const std::size_t headroom = host_headroom(read_host_memory());  // outside the lock
   std::lock_guard lock(mutex_);
-  return stats_;
+  host_store_stats s = stats_;
+  s.budget_bytes = budget_locked(headroom);
+  return s;
 }
 
 }  // namespace tagmem

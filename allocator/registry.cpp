@@ -71,7 +71,9 @@ device& registry::dev(int ordinal) {
 host_store& registry::store() {
   device& d0 = dev(0);
   std::lock_guard lock(devices_mutex_);
-  if (!store_) store_ = std::make_unique<host_store>(cfg_.host_slab_bytes, d0.context());
+  if (!store_) {
+    store_ = std::make_unique<host_store>(cfg_.host_slab_bytes, d0.context(), cfg_.host_max_bytes);
+  }
   return *store_;
 }
 

@@ -14,6 +14,8 @@
 #include <cstdlib>
 #include <mutex>
 
+#include "fork_guard.hpp"
+
 namespace tagmem::driver {
 namespace {
 
@@ -51,6 +53,7 @@ void set_symbol_resolver(symbol_resolver resolver) {
 
 void load() {
   if (g_loaded.load(std::memory_order_acquire)) return;
+  mark_started();  // before anything starts: a child forked from here on refuses (Note [fork])
   std::lock_guard lock(g_mutex);
   if (g_loaded.load(std::memory_order_relaxed)) return;
   const char* env = std::getenv("TAGMEM_LIBCUDA");

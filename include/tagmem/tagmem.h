@@ -17,6 +17,13 @@
  *  - All functions are thread-safe unless stated otherwise. The library initialises itself on
  *    first use with defaults and TAGMEM_* environment variables; tagmem_init() is only needed
  *    to pass a configuration.
+ *  - fork(): once tagmem has started in a process (begun loading the CUDA driver; a shutdown does
+ *    not undo it), a child made by fork() cannot use it: tagmem's threads and CUDA do not survive
+ *    fork(). In such a child every function that returns a tagmem_status (tagmem_nccl.h's
+ *    included) fails at once with TAGMEM_ERROR_FORKED and a message saying so, touching no lock,
+ *    thread or driver state, and never blocks; the parent is unaffected. Use tagmem in the parent,
+ *    or start children with exec (Python multiprocessing: 'spawn' or 'forkserver'). A process
+ *    forked before tagmem started uses it normally.
  */
 #ifndef TAGMEM_TAGMEM_H
 #define TAGMEM_TAGMEM_H
@@ -51,7 +58,8 @@ typedef enum tagmem_status {
   TAGMEM_ERROR_SCOPE_EMPTY = 10,       /* tagmem_pop_tag() with nothing pushed */
   TAGMEM_ERROR_PEER = 11,              /* a cooperating process failed, disagreed or vanished */
   TAGMEM_ERROR_TIMEOUT = 12,           /* a bounded wait ran out */
-  TAGMEM_ERROR_INTERNAL = 13           /* an invariant broke; please report */
+  TAGMEM_ERROR_INTERNAL = 13,          /* an invariant broke; please report */
+  TAGMEM_ERROR_FORKED = 14             /* called in a child forked after tagmem started */
 } tagmem_status;
 
 typedef enum tagmem_offload_mode {
@@ -74,6 +82,9 @@ typedef struct tagmem_config {
   size_t copy_piece_bytes;  /* TAGMEM_COPY_PIECE_BYTES: size of one offload/reload copy (64 MiB) */
   size_t max_mapping_bytes; /* TAGMEM_MAX_MAPPING_BYTES: largest physical allocation a reload
                                coalesces a contiguous range into (1 GiB) */
+  size_t host_max_bytes;    /* TAGMEM_HOST_MAX_BYTES: the most host memory the pinned host store
+                               may hold (unset: no cap beyond the default budget, see
+                               tagmem_host_reserve) */
 } tagmem_config;
 
 typedef struct tagmem_tag_stats {
@@ -105,6 +116,8 @@ typedef struct tagmem_device_stats {
   size_t host_used_bytes;        /* of the store, bytes holding backups now (all devices) */
   uint64_t tags;                 /* tags that exist on the device */
   size_t release_pending_bytes;  /* offloaded with DISCARD, not yet back with the driver */
+  size_t host_budget_bytes;      /* the most the pinned host store may hold now (all devices;
+                                    see tagmem_host_reserve) */
 } tagmem_device_stats;
 
 /* ---- lifetime and errors ------------------------------------------------------------------- */
@@ -186,7 +199,8 @@ TAGMEM_API tagmem_status tagmem_pointer_info(const void* ptr, char* tag, size_t 
  * allocator takes the memory, call tagmem_wait_released(). TAGMEM_DISCARD_RELEASE=wait makes
  * DISCARD release before returning.
  * The list is checked first (unknown tag, already offloaded, duplicates): on such an error no tag
- * is changed. A failure while copying leaves every tag resident with its bytes intact.
+ * is changed. A failure while copying leaves every tag resident with its bytes intact, and so
+ * does HOST_OUT_OF_MEMORY when the backups do not fit in the host budget (tagmem_host_reserve).
  * Errors: INVALID_ARGUMENT, UNKNOWN_TAG, TAG_OFFLOADED, HOST_OUT_OF_MEMORY, DRIVER. */
 TAGMEM_API tagmem_status tagmem_offload(const char* const* tags, size_t count, int device,
                                         tagmem_offload_mode mode);
@@ -221,10 +235,23 @@ TAGMEM_API tagmem_status tagmem_wait_released(int device);
 
 /* ---- pinned host store ----------------------------------------------------------------------- */
 
+/* The host budget: the pinned host store (BACKUP offloads, swaps, reserves) never grows beyond
+ *   min(TAGMEM_HOST_MAX_BYTES if set, what it holds + headroom), where
+ *   headroom = min(MemAvailable, in each memory cgroup of the process up to its hierarchy's root:
+ *              limit - (usage - inactive file pages)) - max(64 MiB, total / 32),
+ *   total    = min(MemTotal, the tightest cgroup limit)
+ * (cgroup v2 memory.max / memory.current; cgroup v1 memory.limit_in_bytes / usage_in_bytes where
+ * no v2 level has a limit). It is re-read whenever the store grows, and checked before a page is
+ * touched: a growth beyond it fails with HOST_OUT_OF_MEMORY naming the budget, the bytes asked and
+ * the setting, instead of the kernel killing the process. tagmem_device_stats reports it now as
+ * host_budget_bytes. */
+
 /* Grows the pinned host store to at least `bytes` ahead of need. With `wait` 0 the pinning runs
- * on background threads and the call returns at once; a later offload waits for it as needed.
+ * on background threads and the call returns at once; a later offload waits for it as needed
+ * (background growth stops at the host budget without an error).
  * Errors: INVALID_ARGUMENT (`bytes` beyond 2^48, more than any process can map; checked in both
- * modes, nothing is started), HOST_OUT_OF_MEMORY, DRIVER (only when wait != 0). */
+ * modes, nothing is started), HOST_OUT_OF_MEMORY (beyond the host budget, or the driver has
+ * none), DRIVER (only when wait != 0). */
 TAGMEM_API tagmem_status tagmem_host_reserve(size_t bytes, int wait);
 
 /* Unpins and frees host store memory that holds no backup, keeping at least `keep_bytes`.

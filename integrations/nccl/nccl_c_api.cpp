@@ -14,6 +14,7 @@ namespace {
 
 template <class F>
 tagmem_status nccl_guarded(F&& body) noexcept {
+  if (tagmem_status s = tagmem::refuse_c_call_if_forked()) return s;  // Note [fork]
   try {
     body();
     return TAGMEM_SUCCESS;

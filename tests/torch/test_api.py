@@ -6,9 +6,11 @@ bytes are written and read back through driver copies (device_io.py) and compare
 
 import os
 import re
+import signal
 import subprocess
 import sys
 import threading
+import time
 
 import pytest
 
@@ -268,6 +270,36 @@ def test_a_tag_scope_creates_its_tag():
     assert tagmem.tags() == ["scoped"]
 
 
+def test_a_forked_child_gets_forked_error_not_a_hang(io, rng):
+    p = tagmem.raw_alloc(4 * MiB, tag="parent")
+    data = fill(io, rng, p, 4 * MiB)
+    tagmem.host_reserve(512 * MiB, wait=False)  # the pinning thread is at work during the fork
+    pid = os.fork()
+    if pid == 0:  # the child: exit status 0 only if both calls raise ForkedError, promptly
+        signal.alarm(60)
+        ok = 0
+        for call in (lambda: tagmem.host_trim(0), lambda: tagmem.raw_alloc(MiB, tag="child")):
+            try:
+                call()
+            except tagmem.ForkedError as e:
+                ok += "TAGMEM_ERROR_FORKED: tagmem was started in the parent process" in str(e)
+            except BaseException:
+                pass
+        os._exit(0 if ok == 2 else 1)
+    for _ in range(6000):  # up to 60 s, then the child counts as hung
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            break
+        time.sleep(0.01)
+    else:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        pytest.fail("the forked child hung")
+    assert os.waitstatus_to_exitcode(status) == 0
+    tagmem.host_trim(0)
+    assert io.read(p, 4 * MiB) == data
+
+
 def test_a_failed_list_changes_no_tag(io, rng):
     p = tagmem.raw_alloc(MiB, tag="keep")
     data = fill(io, rng, p, MiB)
@@ -328,6 +360,19 @@ def test_host_store_can_be_reserved_and_trimmed():
     tagmem.host_reserve(8 * MiB, wait=True)
     assert tagmem.stats()["host_pinned_bytes"] >= 8 * MiB
     tagmem.host_trim(0)
+    assert tagmem.stats()["host_pinned_bytes"] == 0
+
+
+def test_host_budget_refuses_an_offload_that_does_not_fit_and_keeps_the_tag(io, rng):
+    tagmem.init(host_max_bytes=16 * MiB)
+    assert tagmem.stats()["host_budget_bytes"] == 16 * MiB
+    ptr = tagmem.raw_alloc(24 * MiB, tag="too_big")
+    data = rng.randbytes(24 * MiB)
+    io.write(ptr, data)
+    with pytest.raises(tagmem.HostOutOfMemoryError, match="TAGMEM_HOST_MAX_BYTES"):
+        tagmem.offload("too_big", mode="backup")
+    assert tagmem.stats("too_big")["state"] == "resident"
+    assert io.read(ptr, len(data)) == data
     assert tagmem.stats()["host_pinned_bytes"] == 0
 
 

@@ -45,6 +45,7 @@ from ._api import (
 )
 from ._errors import (
     DriverError,
+    ForkedError,
     HostOutOfMemoryError,
     InternalError,
     InvalidArgumentError,
@@ -67,6 +68,7 @@ __all__ = [
     "BACKUP",
     "DISCARD",
     "DriverError",
+    "ForkedError",
     "HostOutOfMemoryError",
     "InternalError",
     "InvalidArgumentError",

@@ -41,7 +41,7 @@ def _names(tags):
 # ---- lifetime ---------------------------------------------------------------------------------
 
 
-def init(chunk_bytes=0, arena_bytes=0, copy_piece_bytes=0, max_mapping_bytes=0):
+def init(chunk_bytes=0, arena_bytes=0, copy_piece_bytes=0, max_mapping_bytes=0, host_max_bytes=0):
     """Initialises tagmem with a configuration (0 keeps the default or TAGMEM_* variable).
 
     Only needed to pass a configuration: tagmem initialises itself on first use. Raises
@@ -54,6 +54,7 @@ def init(chunk_bytes=0, arena_bytes=0, copy_piece_bytes=0, max_mapping_bytes=0):
     config.arena_bytes = _args.size(arena_bytes, "arena_bytes")
     config.copy_piece_bytes = _args.size(copy_piece_bytes, "copy_piece_bytes")
     config.max_mapping_bytes = _args.size(max_mapping_bytes, "max_mapping_bytes")
+    config.host_max_bytes = _args.size(host_max_bytes, "host_max_bytes")
     _errors.check(lib.tagmem_init(ctypes.byref(config)))
 
 

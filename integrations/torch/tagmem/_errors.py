@@ -73,6 +73,11 @@ class InternalError(TagmemError):
     """TAGMEM_ERROR_INTERNAL: an invariant broke inside tagmem; please report."""
 
 
+class ForkedError(TagmemError):
+    """TAGMEM_ERROR_FORKED: called in a child made by fork() after tagmem started in the parent;
+    every call fails so (use tagmem in the parent, or the 'spawn' start method)."""
+
+
 _BY_STATUS = {
     1: InvalidArgumentError,
     2: UnknownTagError,
@@ -87,6 +92,7 @@ _BY_STATUS = {
     11: PeerError,
     12: TagmemTimeoutError,
     13: InternalError,
+    14: ForkedError,
 }
 
 

@@ -37,6 +37,7 @@ class Config(ctypes.Structure):
         ("arena_bytes", _SIZE),
         ("copy_piece_bytes", _SIZE),
         ("max_mapping_bytes", _SIZE),
+        ("host_max_bytes", _SIZE),
     ]
 
 
@@ -76,6 +77,7 @@ class DeviceStats(ctypes.Structure):
         ("host_used_bytes", _SIZE),
         ("tags", _U64),
         ("release_pending_bytes", _SIZE),
+        ("host_budget_bytes", _SIZE),
     ]
 
 
