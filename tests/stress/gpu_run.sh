@@ -99,9 +99,11 @@ else
     summary+=("FAIL  compute-sanitizer not found (looked in PATH and /usr/local/cuda*)")
     failed=1
   else
+    # Fork* forks the tested process: under compute-sanitizer its children hang until the test
+    # kills them, while the same tests pass in the plain core run; they are checked there.
     step "memcheck, core GPU suite, API errors not reported" 240 "$out/memcheck_all.log" \
       "$sanitizer" --tool memcheck --leak-check full --error-exitcode 1 --report-api-errors no \
-      "$core" --gtest_filter='-Emulator*'
+      "$core" --gtest_filter='-Emulator*:Fork*'
     # Errors.* and Release.AllocationRightAfterADiscard* fail driver calls on purpose (the latter
     # an out-of-memory cuMemCreate that tagmem answers by waiting for its background releases).
     # Under this mode that test once saw its retry fail too, which plain runs and the pass above
@@ -109,7 +111,7 @@ else
     step "memcheck, core GPU suite without Errors.*, API errors reported" 240 \
       "$out/memcheck_api.log" "$sanitizer" --tool memcheck --leak-check full --error-exitcode 1 \
       --report-api-errors explicit "$core" \
-      --gtest_filter='-Emulator*:Errors*:Release.AllocationRightAfterADiscard*'
+      --gtest_filter='-Emulator*:Fork*:Errors*:Release.AllocationRightAfterADiscard*'
     for log in "$out/memcheck_all.log" "$out/memcheck_api.log"; do
       grep -hE "ERROR SUMMARY|PASSED|FAILED" "$log" | sed "s/^/      /" >>"$out/figures.txt" || true
     done
