@@ -15,6 +15,7 @@
 #include "c_error.hpp"
 #include "driver/driver.hpp"
 #include "host_view.hpp"
+#include "metadata_heap.hpp"
 #include "registry.hpp"
 #include "tag_scope.hpp"
 #include "tagmem/tagmem.h"
@@ -337,5 +338,10 @@ void tagmem_set_memory_margin(size_t bytes) {
 }
 
 size_t tagmem_memory_margin(void) { return g_memory_margin.load(std::memory_order_relaxed); }
+
+const char* tagmem_metadata_heap(void) {
+  return tagmem::current_metadata_allocator() == tagmem::metadata_allocator::mimalloc ? "mimalloc"
+                                                                                      : "system";
+}
 
 }  // extern "C"
