@@ -17,6 +17,7 @@
 #include "driver/driver.hpp"
 #include "fork_guard.hpp"
 #include "host_view.hpp"
+#include "metadata_heap.hpp"
 #include "registry.hpp"
 #include "tag_scope.hpp"
 #include "tagmem/tagmem.h"
@@ -362,5 +363,10 @@ void tagmem_set_memory_margin(size_t bytes) {
 }
 
 size_t tagmem_memory_margin(void) { return g_memory_margin.load(std::memory_order_relaxed); }
+
+const char* tagmem_metadata_heap(void) {
+  return tagmem::current_metadata_allocator() == tagmem::metadata_allocator::mimalloc ? "mimalloc"
+                                                                                      : "system";
+}
 
 }  // extern "C"

@@ -93,6 +93,10 @@ bool set_metadata_allocator(metadata_allocator which) noexcept {
   return mi == (which == metadata_allocator::mimalloc);
 }
 
+metadata_allocator current_metadata_allocator() noexcept {
+  return g_use_mimalloc.load() ? metadata_allocator::mimalloc : metadata_allocator::system;
+}
+
 void* meta_malloc(std::size_t bytes) {
   void* p = nullptr;
   if (g_use_mimalloc.load(std::memory_order_relaxed)) {

@@ -24,6 +24,8 @@ namespace tagmem {
 // Chooses the allocator for records made from now on; false when mimalloc was asked for but
 // libmimalloc.so.2 cannot be loaded (records then go to malloc).
 bool set_metadata_allocator(metadata_allocator which) noexcept;
+// The allocator records go to now (mimalloc only when it was asked for and loaded).
+metadata_allocator current_metadata_allocator() noexcept;
 void* meta_malloc(std::size_t bytes);  // throws std::bad_alloc
 void meta_free(void* p) noexcept;
 

@@ -307,6 +307,12 @@ TAGMEM_API tagmem_status tagmem_device_stats_get(int device, tagmem_device_stats
 TAGMEM_API tagmem_status tagmem_list_tags(int device, char (*names)[TAGMEM_MAX_TAG_NAME + 1],
                                           size_t capacity, size_t* count);
 
+/* Where tagmem's own records live since the last tagmem_init(): "mimalloc" (loaded privately at
+ * run time), or "system" (malloc) when TAGMEM_METADATA=system, when libmimalloc.so.2 (or
+ * TAGMEM_MIMALLOC_LIBRARY) could not be loaded, and before the first tagmem_init(). A constant
+ * string. Never fails. Thread-safe. */
+TAGMEM_API const char* tagmem_metadata_heap(void);
+
 #ifdef __cplusplus
 }
 #endif

@@ -1,59 +1,115 @@
-"""Packaging of the tagmem Python package: ``pip install integrations/torch``.
+"""Packaging of the tagmem Python package: ``pip install --no-build-isolation ./integrations/torch``.
 
-The package is pure Python and loads libtagmem at run time (see tagmem/_lib.py for where it
-looks). To carry the native libraries inside the package, point TAGMEM_BUILD_DIR at a CMake build
-of this repository (targets tagmem and tagmem_torch_alloc); the build then copies
-libtagmem.so.0 and libtagmem_torch_alloc.so into tagmem/lib/, where the package looks first after
-the process and the TAGMEM_LIBRARY / TAGMEM_TORCH_LIBRARY variables.
+The package loads its native libraries at run time (see tagmem/_lib.py for where it looks) and
+carries them in tagmem/lib/: libtagmem.so.0, libtagmem_torch_alloc.so (the PyTorch allocator),
+libtagmem_preload.so (the LD_PRELOAD shim) and libtagmem_emu.so (the emulated driver).
+
+Where they come from:
+
+- TAGMEM_BUILD_DIR set: copied from that CMake build of this repository (the shim and the emulated
+  driver only when it has them);
+- otherwise: built here with CMake from the repository this directory sits in (library targets
+  only, tests and benchmarks off), in setuptools' build directory. This needs cmake, a C++20
+  compiler and the CUDA toolkit's headers; TAGMEM_CMAKE_ARGS adds configure arguments (for
+  example -DCUDAToolkit_ROOT=/opt/cuda).
+
+``--no-build-isolation`` lets pip use the installed setuptools instead of fetching one from PyPI,
+so the install works offline.
 """
 
 import os
+import shlex
 import shutil
+import subprocess
 
 from setuptools import setup
 from setuptools.command.build_py import build_py
 from setuptools.dist import Distribution
 
-_LIBRARIES = {
+_HERE = os.path.dirname(os.path.abspath(__file__))
+_SOURCE = os.path.dirname(os.path.dirname(_HERE))  # the repository root
+_REQUIRED = {
     "libtagmem.so.0": "allocator/libtagmem.so.0",
     "libtagmem_torch_alloc.so": "integrations/torch/libtagmem_torch_alloc.so",
 }
-_PRELOAD = "integrations/preload/libtagmem_preload.so"  # optional
+_OPTIONAL = {
+    "libtagmem_preload.so": "integrations/preload/libtagmem_preload.so",
+    "libtagmem_emu.so": "allocator/driver/emu/libtagmem_emu.so",
+}
+_TARGETS = ["tagmem", "tagmem_torch_alloc", "tagmem_preload", "tagmem_emu"]
+
+
+def _run(command):
+    print("tagmem:", shlex.join(command), flush=True)
+    subprocess.run(command, check=True)
+
+
+def _cmake_build(build_dir):
+    """Configures and builds the library targets into build_dir; returns build_dir."""
+    if not os.path.exists(os.path.join(_SOURCE, "allocator", "CMakeLists.txt")):
+        raise SystemExit(
+            f"tagmem: {_SOURCE} is not a tagmem source tree; install from the repository "
+            "(pip install ./integrations/torch) or set TAGMEM_BUILD_DIR to a CMake build"
+        )
+    cmake = shutil.which("cmake")
+    if cmake is None:
+        raise SystemExit(
+            "tagmem: cmake not found: install it (apt-get install cmake) or set "
+            "TAGMEM_BUILD_DIR to a CMake build of this repository"
+        )
+    configure = [cmake, "-S", _SOURCE, "-B", build_dir, "-DCMAKE_BUILD_TYPE=Release"]
+    if shutil.which("ninja") and not os.path.exists(os.path.join(build_dir, "CMakeCache.txt")):
+        configure += ["-G", "Ninja"]
+    # Tests and benchmarks off: their dependencies are not needed to use the package. The
+    # libraries carry $ORIGIN as their run path, so they find each other inside the package.
+    configure += [
+        "-DTAGMEM_BUILD_TESTS=OFF",
+        "-DTAGMEM_BUILD_BENCHMARKS=OFF",
+        "-DCMAKE_BUILD_WITH_INSTALL_RPATH=ON",
+    ]
+    configure += shlex.split(os.environ.get("TAGMEM_CMAKE_ARGS", ""))
+    _run(configure)
+    build = [cmake, "--build", build_dir, "--target", *_TARGETS]
+    if not os.environ.get("CMAKE_BUILD_PARALLEL_LEVEL"):
+        build += ["--parallel", str(os.cpu_count() or 1)]
+    _run(build)
+    return build_dir
 
 
 class BuildPyWithLibraries(build_py):
-    """build_py that also copies the native libraries of TAGMEM_BUILD_DIR, when it is set."""
+    """build_py that also puts the native libraries into tagmem/lib/."""
 
     def run(self):
         super().run()
         build_dir = os.environ.get("TAGMEM_BUILD_DIR")
         if not build_dir:
-            return
+            build_temp = self.get_finalized_command("build").build_temp
+            build_dir = _cmake_build(os.path.abspath(os.path.join(build_temp, "tagmem-cmake")))
         destination = os.path.join(self.build_lib, "tagmem", "lib")
         os.makedirs(destination, exist_ok=True)
-        for name, relative in _LIBRARIES.items():
+        for name, relative in _REQUIRED.items():
             source = os.path.join(build_dir, relative)
             if not os.path.exists(source):
                 raise SystemExit(f"TAGMEM_BUILD_DIR={build_dir}: {relative} is missing; build it first")
             shutil.copyfile(os.path.realpath(source), os.path.join(destination, name))
-        # The preload shim, where it was built: configure_subprocess() hands it to children, and
-        # torch_memory_saver's callers look for it beside the shim package's directory.
-        shim = os.path.join(build_dir, _PRELOAD)
+        for name, relative in _OPTIONAL.items():
+            source = os.path.join(build_dir, relative)
+            if os.path.exists(source):
+                shutil.copyfile(os.path.realpath(source), os.path.join(destination, name))
+        # The preload shim under torch_memory_saver's file name: its callers look for it beside
+        # the shim package's directory.
+        shim = os.path.join(destination, "libtagmem_preload.so")
         if os.path.exists(shim):
-            shutil.copyfile(os.path.realpath(shim), os.path.join(destination, "libtagmem_preload.so"))
             tms_path = os.path.join(self.build_lib, "tagmem", "compat", "tms_path")
             os.makedirs(tms_path, exist_ok=True)
-            shutil.copyfile(
-                os.path.realpath(shim),
-                os.path.join(tms_path, "torch_memory_saver_hook_mode_preload.abi3.so"),
-            )
+            shutil.copyfile(shim, os.path.join(tms_path, "torch_memory_saver_hook_mode_preload.abi3.so"))
 
 
-class MaybeBinaryDistribution(Distribution):
+class BinaryDistribution(Distribution):
     """With the native libraries inside, the wheel is for this platform, not 'any'."""
 
     def has_ext_modules(self):
-        return bool(os.environ.get("TAGMEM_BUILD_DIR"))
+        return True
 
 
-setup(cmdclass={"build_py": BuildPyWithLibraries}, distclass=MaybeBinaryDistribution)
+setup(cmdclass={"build_py": BuildPyWithLibraries}, distclass=BinaryDistribution)

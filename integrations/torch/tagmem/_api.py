@@ -223,7 +223,8 @@ def stats(name=None, device=None):
     """tagmem's statistics as dicts whose keys are the C structs' field names.
 
     With `name`: that tag's tagmem_tag_stats, ``state`` given as its name ("resident", ...).
-    Without: the device's tagmem_device_stats, plus ``"by_tag"``: {tag name: tag stats dict}.
+    Without: the device's tagmem_device_stats, plus ``"metadata_heap"`` (tagmem_metadata_heap():
+    "mimalloc" or "system") and ``"by_tag"``: {tag name: tag stats dict}.
     """
     if name is not None:
         out = _as_dict(_tag_stats(name, device))
@@ -234,6 +235,7 @@ def stats(name=None, device=None):
         _lib.lib().tagmem_device_stats_get(_device(device), ctypes.byref(device_stats))
     )
     out = _as_dict(device_stats)
+    out["metadata_heap"] = _lib.lib().tagmem_metadata_heap().decode()
     out["by_tag"] = {}
     for n in tags(device):
         try:

@@ -126,6 +126,7 @@ _PROTOTYPES = {
     ),
     "tagmem_set_memory_margin": (None, [_SIZE]),
     "tagmem_memory_margin": (_SIZE, []),
+    "tagmem_metadata_heap": (ctypes.c_char_p, []),
 }
 
 _lock = threading.Lock()

@@ -1,0 +1,157 @@
+"""``python -m tagmem``: where the installed libraries are, the settings in effect, statistics, and
+running a program under the LD_PRELOAD shim.
+
+    python -m tagmem preload-path        # the path of libtagmem_preload.so
+    python -m tagmem config              # the libraries found, then every TAGMEM_* setting
+    python -m tagmem stats [--device N]  # this process's device statistics and tags
+    python -m tagmem run -- CMD ARGS...  # CMD with the shim first on LD_PRELOAD
+
+Nothing here needs PyTorch. ``stats`` initialises tagmem in this process (so it loads the driver:
+TAGMEM_LIBCUDA, else libcuda.so.1); a new process holds no tags, so its table is empty, but the
+device figures and the metadata heap are those of this machine and this configuration.
+"""
+
+import argparse
+import os
+import sys
+
+from . import _api, _entry_points, _errors, _lib, _settings
+from .compat import _tms_env
+
+EMU_NAME = "libtagmem_emu.so"
+_PACKAGE_LIB = os.path.join(os.path.dirname(os.path.abspath(__file__)), "lib")
+
+
+def _fail(message):
+    print(f"tagmem: {message}", file=sys.stderr)
+    return 1
+
+
+def _preload_or_none():
+    return _tms_env.preload_library()
+
+
+def _preload_missing():
+    return _fail(
+        "libtagmem_preload.so not found: set TAGMEM_PRELOAD_LIBRARY, or install the package "
+        "from the repository (pip install --no-build-isolation ./integrations/torch)"
+    )
+
+
+def _emulated_driver():
+    """The packaged libtagmem_emu.so, else the one beside the loaded libtagmem, else None."""
+    candidates = [os.path.join(_PACKAGE_LIB, EMU_NAME)]
+    try:
+        core = _lib.library_file()
+    except _lib.LibraryNotFound:
+        core = None
+    if core:
+        candidates.append(os.path.join(os.path.dirname(core), "driver", "emu", EMU_NAME))
+        candidates.append(os.path.join(os.path.dirname(core), EMU_NAME))
+    return next((c for c in candidates if os.path.exists(c)), None)
+
+
+def _library(find):
+    try:
+        return find()
+    except OSError as e:  # LibraryNotFound and the entry points' equivalent
+        return f"(not found: {e})"
+
+
+def preload_path(_args):
+    library = _preload_or_none()
+    if library is None:
+        return _preload_missing()
+    print(library)
+    return 0
+
+
+def config(_args):
+    print("libraries:")
+    print(f"  libtagmem               {_library(_lib.library_file)}")
+    print(f"  libtagmem_torch_alloc   {_library(_entry_points.path)}")
+    print(f"  libtagmem_preload       {_preload_or_none() or '(not found)'}")
+    print(f"  libtagmem_emu           {_emulated_driver() or '(not found)'}")
+    print("settings (set: the value in the environment; otherwise the default):")
+    known = set()
+    width = max(len(name) for name, _, _ in _settings.SETTINGS)
+    for name, default, meaning in _settings.SETTINGS:
+        known.add(name)
+        value = os.environ.get(name)
+        shown = f"= {value}" if value is not None else f"  default {default}"
+        print(f"  {name:<{width}} {shown:<28}  {meaning}")
+    unknown = sorted(n for n in os.environ if n.startswith("TAGMEM_") and n not in known)
+    for name in unknown:
+        print(f"  {name:<{width}} {'= ' + os.environ[name]:<28}  not a setting tagmem reads")
+    return 0
+
+
+def _bytes(n):
+    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= size:
+            return f"{n / size:.2f} {unit}"
+    return f"{n} B"
+
+
+def stats(args):
+    try:
+        device = _api.stats(device=args.device)
+    except (_lib.LibraryNotFound, _errors.TagmemError) as e:
+        return _fail(f"cannot read statistics: {e}")
+    print(f"library        {_lib.library_file()}")
+    print(f"metadata heap  {device['metadata_heap']}")
+    for key in (
+        "device_total_bytes",
+        "device_free_bytes",
+        "allocated_bytes",
+        "reserved_bytes",
+        "mapped_bytes",
+        "host_pinned_bytes",
+        "host_pinned_high_water",
+        "host_used_bytes",
+        "release_pending_bytes",
+    ):
+        print(f"{key:<24} {device[key]:>16}  {_bytes(device[key])}")
+    print(f"tags: {device['tags']}")
+    if device["by_tag"]:
+        print(f"  {'tag':<24} {'state':<18} {'allocated':>16} {'mapped':>16} {'host':>16}")
+    for name, tag in sorted(device["by_tag"].items()):
+        print(
+            f"  {name:<24} {tag['state']:<18} {tag['allocated_bytes']:>16} "
+            f"{tag['mapped_bytes']:>16} {tag['host_bytes']:>16}"
+        )
+    return 0
+
+
+def run(args):
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if not command:
+        return _fail("run: no command given (python -m tagmem run -- CMD ARGS...)")
+    library = _preload_or_none()
+    if library is None:
+        return _preload_missing()
+    library = os.path.abspath(library)
+    before = [p for p in os.environ.get("LD_PRELOAD", "").split(":") if p and p != library]
+    env = dict(os.environ, LD_PRELOAD=":".join([library] + before))
+    try:
+        os.execvpe(command[0], command, env)
+    except OSError as e:
+        return _fail(f"run: cannot start {command[0]!r}: {e}")
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="python -m tagmem", description=__doc__.split("\n")[0])
+    commands = parser.add_subparsers(dest="subcommand", required=True)
+    commands.add_parser("preload-path", help="print the path of libtagmem_preload.so")
+    commands.add_parser("config", help="print the libraries found and the TAGMEM_* settings")
+    stats_parser = commands.add_parser("stats", help="print device statistics and tags")
+    stats_parser.add_argument("--device", type=int, default=None, help="CUDA device (default: current)")
+    run_parser = commands.add_parser("run", help="run a command with the preload shim")
+    run_parser.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD ARGS...")
+    args = parser.parse_args(argv)
+    handlers = {"preload-path": preload_path, "config": config, "stats": stats, "run": run}
+    return handlers[args.subcommand](args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

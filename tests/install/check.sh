@@ -1,0 +1,159 @@
+#!/usr/bin/env bash
+# Installs tagmem the ways the README describes and uses each result as a user would, on a machine
+# without a GPU (the emulated driver stands in). Called by tests/run_all.sh.
+#   1. a library-only CMake build (tests, benchmarks and their dependencies made unfindable),
+#      `cmake --install` into a temporary prefix, and tests/install/consumer built against it with
+#      find_package(tagmem) and with pkg-config; the consumer added as a subproject of tagmem's
+#      tree configures without those dependencies too;
+#   2. `pip install --no-build-isolation --no-index ./integrations/torch` into a fresh virtual
+#      environment (the package builds its native libraries itself), `python -m tagmem` and a tag
+#      API call on the packaged emulated driver, then `pip wheel` and the wheel's contents;
+#   3. nothing left untracked in the source tree by any of it;
+#   4. with a build directory argument: `ctest -L gpu` there skips every GPU test, fails none.
+# Usage: tests/install/check.sh [build-dir]   (PYTHON selects the interpreter, default python3)
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+repo=$PWD
+build=${1:-}
+python=${PYTHON:-python3}
+jobs=$(nproc)
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+fail() { echo "install check: FAIL: $*" >&2; exit 1; }
+step() { echo "== install check: $*"; }
+
+# What the user's project does not have to provide.
+no_deps=(-DCMAKE_DISABLE_FIND_PACKAGE_GTest=ON -DCMAKE_DISABLE_FIND_PACKAGE_benchmark=ON
+  -DCMAKE_DISABLE_FIND_PACKAGE_mimalloc=ON -DCMAKE_DISABLE_FIND_PACKAGE_Python=ON
+  -DCMAKE_DISABLE_FIND_PACKAGE_Python3=ON)
+git_tree=0
+if git -C "$repo" rev-parse --is-inside-work-tree >/dev/null 2>&1; then
+  git_tree=1
+  untracked_before=$(git -C "$repo" status --porcelain --untracked-files=all)
+fi
+
+step "library-only build, cmake --install"
+cmake --no-warn-unused-cli -S . -B "$work/lib" -G Ninja -DCMAKE_BUILD_TYPE=Release -DTAGMEM_BUILD_TESTS=OFF \
+  -DTAGMEM_BUILD_BENCHMARKS=OFF "${no_deps[@]}" >/dev/null
+cmake --build "$work/lib" -j "$jobs" >/dev/null
+cmake --install "$work/lib" --prefix "$work/prefix" >/dev/null  # a prefix chosen only now
+libdir=$(find "$work/prefix" -name libtagmem.so.0 -printf '%h\n' | head -n1)
+[ -n "$libdir" ] || fail "cmake --install put no libtagmem.so.0 under $work/prefix"
+emu=$libdir/libtagmem_emu.so
+for f in "$libdir/libtagmem_preload.so" "$libdir/libtagmem_torch_alloc.so" "$emu" \
+  "$libdir/pkgconfig/tagmem.pc" "$libdir/cmake/tagmem/tagmemConfig.cmake" \
+  "$work/prefix/include/tagmem/tagmem.h"; do
+  [ -f "$f" ] || fail "cmake --install did not install $f"
+done
+
+step "consumer project: find_package(tagmem)"
+cmake -S tests/install/consumer -B "$work/consumer" -G Ninja -DCMAKE_PREFIX_PATH="$work/prefix" \
+  >/dev/null
+cmake --build "$work/consumer" >/dev/null
+TAGMEM_LIBCUDA=$emu "$work/consumer/consumer"
+
+step "consumer program: pkg-config"
+export PKG_CONFIG_PATH=$libdir/pkgconfig
+# shellcheck disable=SC2046
+cc -o "$work/consumer-pc" tests/install/consumer/main.c $(pkg-config --cflags --libs tagmem) \
+  -Wl,-rpath,"$(pkg-config --variable=libdir tagmem)"
+TAGMEM_LIBCUDA=$emu "$work/consumer-pc"
+
+step "consumer project: tagmem's tree as a subproject (configure only)"
+cmake --no-warn-unused-cli -S tests/install/consumer -B "$work/subproject" -G Ninja -DTAGMEM_SOURCE_DIR="$repo" \
+  "${no_deps[@]}" >/dev/null
+if grep -q "add_test\|subdirs" "$work/subproject/tagmem/CTestTestfile.cmake" 2>/dev/null ||
+  [ -d "$work/subproject/tagmem/tests" ] || [ -d "$work/subproject/tagmem/benchmarks" ]; then
+  fail "tagmem added as a subproject configured its tests or benchmarks"
+fi
+
+step "pip install into a fresh virtual environment"
+"$python" -m venv --system-site-packages "$work/venv"
+venv_python=$work/venv/bin/python
+# The package must build its own libraries and use its own copies: none of the variables that
+# point it elsewhere.
+clean_env=(env -u TAGMEM_BUILD_DIR -u TAGMEM_LIBRARY -u TAGMEM_TORCH_LIBRARY -u TAGMEM_PRELOAD_LIBRARY
+  -u TAGMEM_LIBCUDA -u PYTHONPATH -u LD_PRELOAD)
+"${clean_env[@]}" TAGMEM_CMAKE_ARGS="${no_deps[*]}" "$venv_python" -m pip install -q \
+  --no-build-isolation --no-index ./integrations/torch
+cd "$work"  # away from the source tree, so only the installed package can be imported
+shim=$("${clean_env[@]}" "$venv_python" -m tagmem preload-path)
+case $shim in
+  "$work/venv/"*/tagmem/lib/libtagmem_preload.so) ;;
+  *) fail "python -m tagmem preload-path printed '$shim', not the shim inside the venv" ;;
+esac
+package_lib=$(dirname "$shim")
+for f in libtagmem.so.0 libtagmem_torch_alloc.so libtagmem_emu.so; do
+  [ -f "$package_lib/$f" ] || fail "the installed package has no $f"
+done
+"${clean_env[@]}" TAGMEM_LIBCUDA="$package_lib/libtagmem_emu.so" "$venv_python" - "$package_lib" \
+  "$repo/tests/torch" <<'EOF'
+import os, random, sys
+import tagmem
+from tagmem import _entry_points
+
+package_lib = sys.argv[1]
+sys.path.append(sys.argv[2])  # device_io: driver copies, for the bytes
+from device_io import DeviceIO
+
+rng = random.SystemRandom()
+nbytes = rng.randrange(1, 64) << 16
+data = rng.randbytes(nbytes)
+with tagmem.tag("pip"):
+    ptr = tagmem.raw_alloc(nbytes)
+assert tagmem.library_file() == os.path.realpath(os.path.join(package_lib, "libtagmem.so.0"))
+assert os.path.dirname(_entry_points.path()) == package_lib, _entry_points.path()
+io = DeviceIO(0)
+io.write(ptr, data)
+tagmem.offload("pip")
+assert tagmem.state("pip") == "offloaded_backup", tagmem.state("pip")
+tagmem.reload("pip")
+assert tagmem.pointer_info(ptr)["tag"] == "pip", tagmem.pointer_info(ptr)
+assert io.read(ptr, nbytes) == data, "bytes changed across offload and reload"
+tagmem.raw_free(ptr)
+print(f"pip package: tag API ok on the emulated driver ({nbytes} bytes)")
+EOF
+routed=$("${clean_env[@]}" "$venv_python" -m tagmem run -- "$venv_python" -c \
+  "import ctypes; print(hasattr(ctypes.CDLL(None), 'tagmem_preload_set_thread_routing'))")
+[ "$routed" = True ] || fail "python -m tagmem run did not start the command under the shim"
+cd "$repo"
+
+step "pip wheel"
+"${clean_env[@]}" "$venv_python" -m pip wheel -q --no-build-isolation --no-index --no-deps \
+  -w "$work/wheels" ./integrations/torch
+"$venv_python" - "$work/wheels" <<'EOF'
+import os, sys, zipfile
+wheels = os.listdir(sys.argv[1])
+assert len(wheels) == 1 and not wheels[0].endswith("-any.whl"), wheels
+names = set(zipfile.ZipFile(os.path.join(sys.argv[1], wheels[0])).namelist())
+for lib in ("libtagmem.so.0", "libtagmem_torch_alloc.so", "libtagmem_preload.so", "libtagmem_emu.so"):
+    assert f"tagmem/lib/{lib}" in names, (lib, sorted(n for n in names if "/lib/" in n))
+assert "tagmem/__main__.py" in names
+print(f"wheel: {wheels[0]} carries the four native libraries")
+EOF
+
+if [ "$git_tree" = 1 ]; then
+  step "nothing left untracked"
+  untracked_after=$(git -C "$repo" status --porcelain --untracked-files=all)
+  [ "$untracked_before" = "$untracked_after" ] ||
+    fail "the installs changed 'git status':"$'\n'"$(diff <(echo "$untracked_before") <(echo "$untracked_after"))"
+else
+  echo "== install check: not a git checkout: the untracked-files check did NOT run"
+fi
+
+if [ -n "$build" ]; then
+  step "ctest -L gpu in $build"
+  launch=$build/tests/tagmem_gpu_launch
+  log=$work/ctest-gpu.log
+  (cd "$build" && ctest -L gpu) >"$log" 2>&1 || { cat "$log"; fail "ctest -L gpu failed"; }
+  cat "$log"
+  total=$(grep -Ec "^ *[0-9]+/[0-9]+ Test +#[0-9]+:" "$log" || true)
+  [ "$total" -gt 0 ] || fail "ctest -L gpu ran no test"
+  no_gpu=0
+  "$launch" true 2>/dev/null || no_gpu=$?
+  if [ "$no_gpu" = 77 ]; then
+    skipped=$(grep -Ec "Test +#[0-9]+: .*Skipped" "$log" || true)
+    [ "$skipped" = "$total" ] || fail "no GPU here, yet $skipped of $total GPU tests were skipped"
+  fi
+fi
+echo "== install check: all passed"

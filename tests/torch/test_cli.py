@@ -1,0 +1,160 @@
+"""``python -m tagmem`` (tagmem/__main__.py), run as a user would, in subprocesses: preload-path,
+config, stats and run. No PyTorch. Runs where test_api.py runs (ctest torch_python_emu on the
+emulated driver, TAGMEM_PRELOAD_LIBRARY set to the build's shim).
+"""
+
+import ctypes.util
+import os
+import re
+import subprocess
+import sys
+
+from conftest import REPO_ROOT
+from tagmem import _settings
+
+
+def tagmem_cli(*args, env=None, drop=()):
+    environment = dict(os.environ if env is None else env)
+    for name in drop:
+        environment.pop(name, None)
+    return subprocess.run(
+        [sys.executable, "-m", "tagmem", *args],
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def shim():
+    path = os.environ.get("TAGMEM_PRELOAD_LIBRARY")
+    assert path and os.path.exists(path), "the test needs TAGMEM_PRELOAD_LIBRARY (set by ctest)"
+    return path
+
+
+def test_preload_path_prints_the_shim():
+    out = tagmem_cli("preload-path")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout == shim() + "\n"
+
+
+def test_preload_path_fails_with_a_message_when_the_shim_is_missing(tmp_path):
+    env = dict(os.environ, TAGMEM_PRELOAD_LIBRARY=str(tmp_path / "absent.so"))
+    out = tagmem_cli("preload-path", env=env)
+    assert out.returncode == 1
+    assert out.stdout == ""
+    assert "libtagmem_preload.so not found" in out.stderr and "TAGMEM_PRELOAD_LIBRARY" in out.stderr
+
+
+def test_run_starts_the_command_with_the_shim_first_on_ld_preload(rng):
+    libm = ctypes.util.find_library("m")
+    assert libm
+    token = "".join(rng.choice("abc xyz-'\"$") for _ in range(24))
+    code = rng.randrange(3, 100)
+    probe = (
+        "import ctypes, os, sys; "
+        "print(os.environ['LD_PRELOAD']); "
+        "print(hasattr(ctypes.CDLL(None), 'tagmem_preload_set_thread_routing')); "
+        "print(sys.argv[1]); "
+        f"sys.exit({code})"
+    )
+    env = dict(os.environ, LD_PRELOAD=libm)
+    out = tagmem_cli("run", "--", sys.executable, "-c", probe, token, env=env)
+    assert out.returncode == code, out.stderr
+    assert out.stdout.split("\n")[:3] == [f"{shim()}:{libm}", "True", token]
+
+
+def test_run_without_a_command_fails():
+    out = tagmem_cli("run", "--")
+    assert out.returncode == 1
+    assert "no command given" in out.stderr
+
+
+def test_run_reports_a_command_that_cannot_start(tmp_path):
+    out = tagmem_cli("run", "--", str(tmp_path / "no-such-program"))
+    assert out.returncode == 1
+    assert "cannot start" in out.stderr
+
+
+def setting_line(text, name):
+    lines = [line for line in text.splitlines() if line.split()[:1] == [name]]
+    assert len(lines) == 1, text
+    return lines[0]
+
+
+def test_config_shows_set_values_defaults_and_unknown_variables(rng):
+    streams = str(rng.randrange(1, 17))
+    unknown = f"TAGMEM_NOT_A_SETTING_{rng.randrange(1 << 30)}"
+    env = dict(os.environ, TAGMEM_COPY_STREAMS=streams, **{unknown: "7"})
+    env.pop("TAGMEM_CHUNK_BYTES", None)
+    out = tagmem_cli("config", env=env)
+    assert out.returncode == 0, out.stderr
+    assert setting_line(out.stdout, "TAGMEM_COPY_STREAMS").split()[1:3] == ["=", streams]
+    assert setting_line(out.stdout, "TAGMEM_CHUNK_BYTES").split()[1:4] == ["default", "2", "MiB"]
+    assert "not a setting tagmem reads" in setting_line(out.stdout, unknown)
+    libraries = dict(line.split(None, 1) for line in out.stdout.splitlines()[1:5])
+    assert libraries["libtagmem_preload"] == shim()
+    assert libraries["libtagmem"] == os.path.realpath(os.environ["TAGMEM_LIBRARY"])
+
+
+def _variables_read_by_the_sources():
+    """Every "TAGMEM_*" string literal in the library's and the package's sources, less status
+    names (tagmem_status_string) and the build's own settings (setup.py)."""
+    found = set()
+    for top in ("allocator", "integrations"):
+        for directory, _, files in os.walk(os.path.join(REPO_ROOT, top)):
+            for name in files:
+                if not name.endswith((".cpp", ".c", ".py")) or name == "setup.py":
+                    continue
+                with open(os.path.join(directory, name), encoding="utf-8") as f:
+                    found.update(re.findall(r"\"(TAGMEM_[A-Z0-9_]+)\"", f.read()))
+    return {n for n in found if not re.match(r"TAGMEM_(ERROR_|SUCCESS$|UNKNOWN_STATUS$)", n)}
+
+
+def test_the_settings_list_is_the_set_of_variables_the_sources_read():
+    listed = [name for name, _, _ in _settings.SETTINGS]
+    assert len(listed) == len(set(listed))
+    read = _variables_read_by_the_sources()
+    assert read - set(listed) == set(), "read by tagmem but missing from tagmem/_settings.py"
+    assert set(listed) - read == set(), "listed in tagmem/_settings.py but read nowhere"
+    with open(os.path.join(REPO_ROOT, "README.md"), encoding="utf-8") as f:
+        documented = set(re.findall(r"^\| `(TAGMEM_[A-Z0-9_]+)` \|", f.read(), re.M))
+    assert documented and documented <= set(listed)
+
+
+def stats_lines(out):
+    assert out.returncode == 0, out.stderr
+    return {line.split()[0]: line.split()[1:] for line in out.stdout.splitlines() if line.strip()}
+
+
+def test_stats_reports_the_device_and_the_metadata_heap(rng):
+    device_bytes = rng.randrange(1, 64) << 30
+    env = dict(os.environ, TAGMEM_EMU_DEVICE_BYTES=str(device_bytes))
+    env.pop("TAGMEM_METADATA", None)
+    env.pop("TAGMEM_MIMALLOC_LIBRARY", None)
+    lines = stats_lines(tagmem_cli("stats", env=env))
+    assert lines["device_total_bytes"][0] == str(device_bytes)
+    assert lines["tags:"] == ["0"]
+    try:
+        ctypes.CDLL("libmimalloc.so.2", mode=os.RTLD_LOCAL)
+        expected = "mimalloc"
+    except OSError:
+        expected = "system"
+    assert lines["metadata"] == ["heap", expected]
+
+
+def test_stats_says_when_the_metadata_heap_falls_back_to_malloc(tmp_path):
+    for variable, value in (
+        ("TAGMEM_MIMALLOC_LIBRARY", str(tmp_path / "libmimalloc-absent.so")),
+        ("TAGMEM_METADATA", "system"),
+    ):
+        env = dict(os.environ, **{variable: value})
+        assert stats_lines(tagmem_cli("stats", env=env))["metadata"] == ["heap", "system"]
+
+
+def test_stats_without_a_driver_fails_with_the_reason(tmp_path):
+    env = dict(os.environ, TAGMEM_LIBCUDA=str(tmp_path / "libcuda-absent.so"))
+    out = tagmem_cli("stats", env=env)
+    assert out.returncode == 1
+    assert out.stdout == ""
+    assert "cannot load the CUDA driver" in out.stderr
