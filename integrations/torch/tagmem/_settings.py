@@ -22,6 +22,7 @@ SETTINGS = (
     ("TAGMEM_HOST_SLAB_BYTES", "256 MiB", "the pinned host store grows by at least this"),
     ("TAGMEM_HOST_PIN", "register", "how the host store pins"),
     ("TAGMEM_HOST_PIN_THREADS", "min(cores, 16)", "threads that touch pages while pinning"),
+    ("TAGMEM_HOST_MAX_BYTES", "(from the machine)", "most the pinned host store may hold"),
     ("TAGMEM_METADATA", "mimalloc", "where tagmem's own records live: mimalloc or system"),
     ("TAGMEM_MIMALLOC_LIBRARY", "libmimalloc.so.2", "the mimalloc library for the records"),
     # The emulated driver (libtagmem_emu.so).
@@ -32,9 +33,10 @@ SETTINGS = (
     ("TAGMEM_PRELOAD_TAG", "(unset)", "route every cudaMalloc of the process to this tag"),
     ("TAGMEM_PRELOAD_DRIVER_CALLERS", "libnccl", "libraries whose driver lookups are wrapped"),
     ("TAGMEM_PRELOAD_LOG", "(unset)", "1: the shim logs its decisions on stderr"),
-    ("TAGMEM_NCCL_GROUP", "(from torchrun)", "NCCL pause/resume group name"),
+    ("TAGMEM_NCCL_JOB", "(from torchrun or Slurm)", "the job an NCCL pause/resume group belongs to"),
+    ("TAGMEM_NCCL_GROUP", "nccl", "NCCL pause/resume group name, within the job"),
     ("TAGMEM_NCCL_TIMEOUT_MS", "60000", "bound on every wait of a pause or resume"),
-    ("TAGMEM_NCCL_DIR", "$XDG_RUNTIME_DIR/tagmem", "NCCL pause/resume rendezvous directory"),
+    ("TAGMEM_NCCL_DIR", "$XDG_RUNTIME_DIR/tagmem", "rendezvous directory (else one per job)"),
     ("TAGMEM_NCCL_CUMEMALLOC", "passthrough", "passthrough or vmm for NCCL's cuMemAlloc"),
     ("TAGMEM_NCCL_CLASSIC_MIN_BYTES", "1 MiB", "smallest NCCL cuMemAlloc the vmm mode serves"),
     # The Python package (docs/torch.md).
