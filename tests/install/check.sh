@@ -10,12 +10,14 @@
 #      API call on the packaged emulated driver, then `pip wheel` and the wheel's contents;
 #   3. nothing left untracked in the source tree by any of it;
 #   4. with a build directory argument: `ctest -L gpu` there skips every GPU test, fails none.
-# Usage: tests/install/check.sh [build-dir]   (PYTHON selects the interpreter, default python3)
+# Usage: tests/install/check.sh [build-dir]   (PYTHON selects the interpreter, default /usr/bin/python3)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 repo=$PWD
 build=${1:-}
-python=${PYTHON:-python3}
+# Debian's interpreter by default: run_all.sh installs its pip, setuptools and wheel with apt
+# (another python3 first on PATH may lack them).
+python=${PYTHON:-$(command -v /usr/bin/python3 || command -v python3)}
 jobs=$(nproc)
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
