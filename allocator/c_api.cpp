@@ -37,7 +37,6 @@ tagmem_status record(tagmem_status code, const std::string& message) noexcept {
   return code;
 }
 
-// Runs `body` with the registry, creating it with defaults on first use.
 // TAGMEM_ERROR_FORKED in a child forked after tagmem started (Note [fork]), else success.
 tagmem_status refuse_if_forked() noexcept {
   if (!forked_after_start()) return TAGMEM_SUCCESS;
@@ -48,6 +47,7 @@ tagmem_status refuse_if_forked() noexcept {
   }
 }
 
+// Runs `body` with the registry, creating it with defaults on first use.
 template <class F>
 tagmem_status guarded(F&& body) noexcept {
   if (tagmem_status s = refuse_if_forked()) return s;
