@@ -98,24 +98,53 @@ void control::expect(const std::string& expected, int timeout_ms) {
     throw std::runtime_error("control channel: expected '" + expected + "', got '" + got + "'");
 }
 
+namespace {
+
+// The real path of this binary, not /proc/self/exe: the shim recognises it by its name.
+std::string own_path() {
+  char exe[4096] = {};
+  if (::readlink("/proc/self/exe", exe, sizeof exe - 1) <= 0) throw std::runtime_error("readlink");
+  return exe;
+}
+
+}  // namespace
+
 peer_process::peer_process(const std::string& scenario, const std::string& group) {
+  std::string exe = own_path();
+  start(exe, {exe, "--peer=" + scenario, "--group=" + group, "--control=100"}, environ);
+}
+
+std::unique_ptr<peer_process> peer_process::program(const std::string& name,
+                                                    const std::vector<std::string>& args) {
+  std::string exe = own_path();
+  exe = exe.substr(0, exe.rfind('/') + 1) + name;
+  std::vector<char*> env;
+  for (char** e = environ; *e; ++e)
+    if (std::strncmp(*e, "LD_PRELOAD=", 11) != 0) env.push_back(*e);
+  env.push_back(nullptr);
+  std::vector<std::string> argv{exe};
+  argv.insert(argv.end(), args.begin(), args.end());
+  std::unique_ptr<peer_process> p(new peer_process());
+  p->start(exe, std::move(argv), env.data());
+  return p;
+}
+
+void peer_process::start(const std::string& exe, std::vector<std::string> argv, char** envp) {
   int sv[2];
   if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0)
     throw std::runtime_error("socketpair failed");
   posix_spawn_file_actions_t fa;
   posix_spawn_file_actions_init(&fa);
   posix_spawn_file_actions_adddup2(&fa, sv[1], 100);  // dup2 clears close-on-exec
-  std::string a1 = "--peer=" + scenario, a2 = "--group=" + group, a3 = "--control=100";
-  // The real path, not /proc/self/exe: the shim recognises this binary by its name.
-  char exe[4096] = {};
-  if (::readlink("/proc/self/exe", exe, sizeof exe - 1) <= 0) throw std::runtime_error("readlink");
-  char* argv[] = {exe, a1.data(), a2.data(), a3.data(), nullptr};
-  int rc = posix_spawn(&pid_, exe, &fa, nullptr, argv, environ);
+  std::vector<char*> args;
+  for (std::string& a : argv) args.push_back(a.data());
+  args.push_back(nullptr);
+  int rc = posix_spawn(&pid_, exe.c_str(), &fa, nullptr, args.data(), envp);
   posix_spawn_file_actions_destroy(&fa);
   ::close(sv[1]);
   if (rc != 0) {
     ::close(sv[0]);
-    throw std::runtime_error("posix_spawn failed");
+    throw std::runtime_error("posix_spawn of " + exe + " failed");
   }
   channel_ = control(sv[0]);
 }

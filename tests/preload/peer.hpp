@@ -4,12 +4,14 @@
 // runs the scenario registered under that name (TAGMEM_PEER_SCENARIO) as rank 1 instead of the
 // tests. Both inherit the environment, so the peer runs under the shim and the emulator too.
 // The two talk over a socketpair: short text messages, optionally carrying file descriptors
-// (the POSIX-fd handles NCCL would pass between ranks), every wait bounded.
+// (the POSIX-fd handles NCCL would pass between ranks), every wait bounded. A test may also
+// start another program built next to this binary, without the shim, the same way.
 #pragma once
 
 #include <sys/types.h>
 
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -38,6 +40,10 @@ struct peer_args {
 class peer_process {
  public:
   peer_process(const std::string& scenario, const std::string& group);
+  // Another program of this binary's directory, started with `args` and without the shim
+  // (LD_PRELOAD left out of its environment). Its end of the channel is fd 100.
+  static std::unique_ptr<peer_process> program(const std::string& name,
+                                               const std::vector<std::string>& args);
   ~peer_process();  // kills it if still running
   control& channel() { return channel_; }
   pid_t pid() const { return pid_; }
@@ -46,6 +52,9 @@ class peer_process {
   void kill_now();
 
  private:
+  peer_process() = default;
+  void start(const std::string& exe, std::vector<std::string> argv, char** envp);
+
   pid_t pid_ = -1;
   control channel_;
   bool reaped_ = false;
