@@ -1,9 +1,8 @@
 // host_pinning.hpp — how the host store pins memory, and pinning spread over threads.
 //
 // Note [pinning method]: pinning is CPU-bound (the kernel faults in, zeroes and locks every
-// page) and costs far more than copying through the memory (DESIGN.md: cudaHostAlloc of 4 GiB
-// took 4.3 s, registering 4 GiB of touched memory 0.33 s). The candidates are measured side by
-// side by benchmarks/pinning_bench.cpp on the GPU machine (docs/performance.md):
+// page) and costs far more than copying through the memory. The candidates are measured side by
+// side by benchmarks/pinning_bench.cpp on a GPU (docs/performance.md, "Pinning"):
 //  - register:       mmap, advise transparent huge pages, fault the pages in by touching them,
 //                    cuMemHostRegister(PORTABLE). The default: touching parallelises, and huge
 //                    pages make both the faults and the driver's page walk 512x fewer.

@@ -1,15 +1,14 @@
 // host_store.hpp — the process-wide pinned host memory that holds BACKUP tags' bytes.
 //
-// Note [pin once]: pinning host memory costs far more than copying through it (DESIGN.md: 4 GiB
-// took 4.3 s to cudaHostAlloc, against ~75 ms to copy), so the store pins slabs once and keeps
-// them: an offload takes extents from free slab space, a reload gives them back, and later
-// cycles reuse the same pinned pages; steady state pins and unpins nothing, so the high-water
-// mark stays flat from the second cycle on. Slabs are only unpinned by trim() and destruction.
-// Growing pins several slabs at once on several threads (Note [pinning method] in
-// host_pinning.hpp); reserve() does it ahead of need on a background thread, and acquire() waits
-// for that thread only while free space falls short of its request. The store never grows past
-// its host budget (Note [host budget] in host_budget.hpp): a growth that does not fit fails before
-// a page is touched.
+// Note [pin once]: pinning host memory costs far more than copying through it (docs/performance.md,
+// "Pinning"), so the store pins slabs once and keeps them: an offload takes extents from free slab
+// space, a reload gives them back, and later cycles reuse the same pinned pages; steady state pins
+// and unpins nothing, so the high-water mark stays flat from the second cycle on. Slabs are only
+// unpinned by trim() and destruction. Growing pins several slabs at once on several threads (Note
+// [pinning method] in host_pinning.hpp); reserve() does it ahead of need on a background thread,
+// and acquire() waits for that thread only while free space falls short of its request. The store
+// never grows past its host budget (Note [host budget] in host_budget.hpp): a growth that does not
+// fit fails before a page is touched.
 #pragma once
 
 #include <cuda.h>

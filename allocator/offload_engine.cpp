@@ -20,15 +20,15 @@
 // holds wherever the driver still works, and nothing is lost where it does not.
 //
 // Note [reload coalescing]: an offloaded tag's mappings come back as runs of adjacent mappings,
-// each one cuMemCreate/cuMemMap/cuMemSetAccess of up to max_mapping_bytes, since map/unmap cost
-// is per physical allocation (DESIGN.md: 4,096 chunks of 2 MiB cost ~0.39 s, 16 chunks of
-// 512 MiB ~7 ms). After the first cycle a tag therefore has few large mappings, whatever the
-// number of its allocations. Runs are cut only at old mapping boundaries, so every segment stays
-// inside one mapping (block_pool::release_cached relies on that). A BACKUP tag's runs stay at
-// 1 GiB so that copies start while later runs are still being mapped; a DISCARD tag has nothing
-// to copy, and its runs go up to discard_mapping_bytes (16 GiB): on the H200, 60 GiB reloads in
-// 2.9 ms as 16 GiB mappings against 5.5 ms as 1 GiB ones (docs/performance.md). The price: memory
-// inside a large mapping goes back to the driver (empty_cache) only once all of it is free.
+// each one cuMemCreate/cuMemMap/cuMemSetAccess of up to max_mapping_bytes, since map/unmap cost is
+// per physical allocation (docs/performance.md, "Mapping costs"). After the first cycle a tag
+// therefore has few large mappings, whatever the number of its allocations. Runs are cut only at
+// old mapping boundaries, so every segment stays inside one mapping (block_pool::release_cached
+// relies on that). A BACKUP tag's runs stay at 1 GiB so that copies start while later runs are
+// still being mapped; a DISCARD tag has nothing to copy, and its runs go up to
+// discard_mapping_bytes, since fewer, larger runs reload faster (docs/performance.md, "kv cache
+// (DISCARD)"). The price: memory inside a large mapping goes back to the driver (empty_cache) only
+// once all of it is free.
 #include "offload_engine.hpp"
 
 #include <algorithm>

@@ -1,12 +1,11 @@
 // release_queue.hpp — cuMemRelease of unmapped physical memory on a background thread.
 //
-// Note [background release]: the driver scrubs device memory when it gets it back, so
-// cuMemRelease costs time linear in bytes (measured on an H200: ~0.3–0.6 ms per GiB, 20–35 ms
-// for 60 GiB), whatever the chunk size and however many threads call it. A DISCARD offload copies
-// nothing, so that release would be its whole cost. Instead the offload unmaps (which is what
-// makes the addresses fault and the tag offloaded) and hands the handles to this queue, whose
-// thread releases them while the caller goes on. The bytes are back with the driver shortly
-// after; until then:
+// Note [background release]: the driver scrubs device memory when it gets it back, so cuMemRelease
+// costs time linear in bytes, whatever the chunk size and however many threads call it
+// (docs/performance.md, "Mapping costs"). A DISCARD offload copies nothing, so that release would
+// be its whole cost. Instead the offload unmaps (which is what makes the addresses fault and the
+// tag offloaded) and hands the handles to this queue, whose thread releases them while the caller
+// goes on. The bytes are back with the driver shortly after; until then:
 //  - tagmem itself never fails for want of them: map_physical() drains the queue and retries
 //    when cuMemCreate runs out of memory, and empty_cache and shutdown drain it;
 //  - other code (another process, cudaMalloc) can be made to wait with tagmem_wait_released();
@@ -14,8 +13,8 @@
 //    bytes still pending.
 // The thread is held back while an offload is still unmapping (hold()): a release running in the
 // driver slows the unmaps next to it, so they go first and the releases after.
-// A swap's out-side goes the same way: releasing while both directions copy made a 16 GB swap
-// 50–64 ms slower on the H200 (docs/performance.md, third run).
+// A swap's out-side goes the same way: a release running while both directions copy slows the
+// copies (docs/performance.md, "Swap").
 // A handle whose release fails stays in the queue and is tried again by the next drain (and at
 // the latest by the destructor), so a transient failure leaks nothing (as Note [release later]).
 // TAGMEM_DISCARD_RELEASE=wait and TAGMEM_SWAP_RELEASE=inline release on the calling thread

@@ -1,29 +1,28 @@
 #!/usr/bin/env bash
-# gpu_run.sh — every offload/pinning/allocation benchmark of issues 2 and 3 on one GPU, in about
-# five minutes on the H200, with full logs in <out-dir> and a compact table printed last.
+# gpu_run.sh — every offload/pinning/allocation benchmark on one GPU, in a few minutes, with full logs in <out-dir> and a compact table printed last.
 #
 #   bash benchmarks/gpu_run.sh <build-dir> <out-dir>
 #
 # Runs, in order (each program verifies its own bytes; any failure makes the exit status 1):
 #   1. tagmem_bench_pinning       how to pin the host store (docs/performance.md, "Pinning")
-#   2. tagmem_bench_vmm           what one physical mapping costs, by size ("Chunking")
+#   2. tagmem_bench_vmm           what one physical mapping costs, by size ("Mapping costs")
 #   3. tagmem_bench_offload       raw link, weights (+pre-pinned), many small, kv cache, swap
-#                                 (roomy and memory-tight): the issue-3 table
+#                                 (roomy and memory-tight): the scenario table
 #   4. tagmem_bench_link_anatomy  where the swap's bidirectional rate goes: the raw link with
 #                                 tagmem's differences (pieces, vmm, remapping) added one at a time
 #   5. chunking sweeps            tagmem_bench_offload again with TAGMEM_COPY_PIECE_BYTES,
 #                                 TAGMEM_MAX_MAPPING_BYTES, TAGMEM_DISCARD_MAPPING_BYTES,
 #                                 TAGMEM_CHUNK_BYTES, TAGMEM_HOST_PIN and TAGMEM_SWAP_RELEASE
 #                                 varied
-#   6. tagmem_bench_random_allocations   issue 2 item 10: cuMemAllocAsync vs tagmem with mimalloc
+#   6. tagmem_bench_random_allocations   cuMemAllocAsync vs tagmem with mimalloc
 #                                 or system metadata
 #
 # Knobs (environment):
 #   TAGMEM_LIBCUDA        set: run on that driver (the emulator); the defaults then shrink
 #   TAGMEM_BENCH_SCALE    size factor (default 1 on a GPU, 0.01 with TAGMEM_LIBCUDA set)
 #   TAGMEM_GPU_RUN_SKIP   comma list of parts to skip: pinning,vmm,offload,anatomy,sweeps,random
-# The lead's machine needs libbenchmark.so and libmimalloc.so.2 on LD_LIBRARY_PATH (carried in a
-# lib folder); nothing else outside <build-dir>.
+# The programs need libbenchmark.so and libmimalloc.so.2 where the loader finds them (e.g. a lib
+# folder on LD_LIBRARY_PATH); nothing else outside <build-dir>.
 set -uo pipefail
 
 if [[ $# -ne 2 ]]; then
@@ -138,7 +137,7 @@ show_tsv() {  # show_tsv <title> <file> [awk filter on the metric]
   echo "--- $1"
   awk -F'\t' -v pat="${3:-.}" 'NR > 1 && $2 ~ pat { printf "%-26s | %-50s | %-28s | %s\n", $1, $2, $3, $4 }' "$2"
 }
-show_tsv "offload scenarios (issue 3)" "$out/offload.tsv"
+show_tsv "offload scenarios" "$out/offload.tsv"
 show_tsv "link anatomy (the swap's copies, one difference from the raw link at a time)" \
   "$out/anatomy.tsv"
 for f in "$out"/sweep_*.tsv; do

@@ -1,4 +1,4 @@
-// offload_bench.cpp — the scenario runner of issue 3: raw link, weights (with and without
+// offload_bench.cpp — the scenario runner: raw link, weights (with and without
 // pre-pinning), many small, kv cache, swap (roomy and memory-tight). Prints a progress log, then
 // one results table; exits 1 if any byte failed verification or any call failed.
 //

@@ -1,6 +1,6 @@
 // scenario_kv.cpp — a KV cache offloaded in DISCARD mode and reloaded: nothing is copied, so
-// the times are those of unmapping/releasing and creating/mapping/granting access (target
-// 10 ms each for 60 GiB on the H200). Runs tagmem's default (release in the background) and the
+// the times are those of unmapping/releasing and creating/mapping/granting access (target:
+// 10 ms each for 60 GiB). Runs tagmem's default (release in the background) and the
 // release-before-return mode side by side.
 //
 // The cache is 64 tensors (a K and a V per layer of a 32-layer model), each its own segment.

@@ -100,8 +100,8 @@ if [[ ",$skip," != *",asan,"* ]]; then
   # intercept_tls_get_addr=0: clang 14's runtime (fixed in LLVM 17) can take a dynamic TLS block
   # for one with a pre-2.25 glibc header when its address happens to sit at a certain page
   # offset; LeakSanitizer's exit scan then reads a bogus range and crashes ("Tracer caught
-  # signal 11") after every test passed. Which binary it hits depends on layout alone (session 3:
-  # adding tests to release_test.cpp made tagmem_core_tests hit it on every run).
+  # signal 11") after every test passed. Which binary it hits depends on layout alone: adding
+  # tests to a suite can make it hit on every run.
   export ASAN_OPTIONS=detect_leaks=1:halt_on_error=1:allocator_may_return_null=1:intercept_tls_get_addr=0
   export TAGMEM_FAULT_SWEEP=${TAGMEM_FAULT_SWEEP:-quick}
   filter=$(built_emu_tests "$asan")

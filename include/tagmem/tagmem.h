@@ -193,10 +193,10 @@ TAGMEM_API tagmem_status tagmem_pointer_info(const void* ptr, char* tag, size_t 
 /* Offloads the listed tags of `device`: waits for all work queued on the device, copies each
  * tag's mapped bytes to the pinned host store (BACKUP) or not (DISCARD), then unmaps and releases
  * the physical memory. Virtual addresses stay reserved; touching them faults until reload.
- * DISCARD leaves the release itself to a background thread (the driver scrubs what it gets
- * back, ~0.5 ms per GiB): the memory reaches the driver shortly after the call returns. tagmem's
- * own allocations and reloads wait for it when they need it; before another process or
- * allocator takes the memory, call tagmem_wait_released(). TAGMEM_DISCARD_RELEASE=wait makes
+ * DISCARD leaves the release itself to a background thread (the driver scrubs what it gets back, in
+ * time linear in the bytes): the memory reaches the driver shortly after the call returns. tagmem's
+ * own allocations and reloads wait for it when they need it; before another process or allocator
+ * takes the memory, call tagmem_wait_released(). TAGMEM_DISCARD_RELEASE=wait makes
  * DISCARD release before returning.
  * The list is checked first (unknown tag, already offloaded, duplicates): on such an error no tag
  * is changed. A failure while copying leaves every tag resident with its bytes intact, and so

@@ -1,7 +1,7 @@
 // proc_address.cpp — the wrapped cuGetProcAddress (see header).
 //
 // Note [self lookup]: the CUDA runtime asks cuGetProcAddress for "cuGetProcAddress" itself and
-// calls through the answer from then on (measured on the GPU machine, DESIGN.md). If that answer
+// calls through the answer from then on (as observed with the real runtime). If that answer
 // were the driver's own function, every later lookup would bypass the shim. So a lookup of
 // "cuGetProcAddress" through a wrapped cuGetProcAddress answers with the wrapper again: the v2
 // wrapper (five arguments) for versions >= 12000, where the driver hands out

@@ -1,6 +1,6 @@
 // overflow_test.cpp — sizes near SIZE_MAX fail with a status and a message instead of wrapping to
 // a small size: host reserves (waiting and in the background), the host store's own growth, the
-// pinning helper and the block pool. A wrapped size used to "succeed" pinning nothing, or leave
+// pinning helper and the block pool. A wrapped size would "succeed" pinning nothing, or leave
 // threads waiting forever for pinning that never progressed; the calls that could hang run under
 // a watchdog so that a regression fails the suite instead of stalling it.
 #include <unistd.h>

@@ -1,4 +1,4 @@
-// shared_buffers.hpp — the two-rank scenario of issue 5, item 4, run by both processes.
+// shared_buffers.hpp — the two-rank scenario of shared NCCL-style buffers, run by both processes.
 //
 // Each rank (rank r uses emulated device r) makes what NCCL makes: local buffers, buffers it
 // exports to the other rank as POSIX fds over the control socket, the other rank's buffers

@@ -1,4 +1,4 @@
-// shared_buffers_test.cpp — issue 5, item 4: two processes sharing NCCL-style buffers pause and
+// shared_buffers_test.cpp — two processes sharing NCCL-style buffers pause and
 // resume the `nccl` tag together (the scenario is in shared_buffers.cpp).
 #include "shared_buffers.hpp"
 

@@ -1,4 +1,4 @@
-"""torch_nccl_pause.py — issue 5, item 5: torch.distributed with NCCL under libtagmem_preload.so.
+"""torch_nccl_pause.py — torch.distributed with NCCL under libtagmem_preload.so.
 
 Started by torchrun (one process per GPU of a node). Every rank runs all_reduce (sum and max),
 all_gather, reduce_scatter, broadcast and send/recv on random data drawn from a seed.

@@ -1,4 +1,4 @@
-"""torch_runtime_offload.py — issue 5, item 6: an unmodified PyTorch workload under the shim.
+"""torch_runtime_offload.py — an unmodified PyTorch workload under the shim.
 
 Run as `LD_PRELOAD=libtagmem_preload.so TAGMEM_PRELOAD_TAG=torch python3 torch_runtime_offload.py`.
 The workload part is plain PyTorch (tensors of several dtypes and sizes, a view into a larger

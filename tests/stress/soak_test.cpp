@@ -34,7 +34,7 @@ namespace tagmem::stress {
 namespace {
 
 constexpr std::size_t kMiB = std::size_t{1} << 20;
-constexpr double kSlackMiB = 2.0;  // the bound for memory left behind
+constexpr double kSlackMiB = 2.0;  // the most memory the soak may leave behind or grow by
 
 // AddressSanitizer keeps freed memory in quarantine, so process RSS is reported, not checked,
 // under it.

@@ -1,9 +1,9 @@
 /* emu_control.h — the control API of the emulated CUDA driver (libtagmem_emu.so).
  *
- * The emulated driver implements the CUDA driver entry points tagmem uses over host memory (see
- * the "driver seam" section of DESIGN.md). Tests and the demo load it through TAGMEM_LIBCUDA and
- * use these functions, linked directly or found with dlsym, to shape and inspect it: device
- * sizes, bytes in use, live objects for leak checks, call counts and injected faults.
+ * The emulated driver implements the CUDA driver entry points tagmem uses over host memory (see the
+ * "driver seam" section of docs/design.md). Tests and the demo load it through TAGMEM_LIBCUDA and
+ * use these functions, linked directly or found with dlsym, to shape and inspect it: device sizes,
+ * bytes in use, live objects for leak checks, call counts and injected faults.
  *
  * Every function is thread-safe and may be called before cuInit. `device` is a device ordinal
  * in [0, tagmem_emu_device_count()). Nothing here exists in the real driver.
