@@ -64,12 +64,16 @@ import json, os, re, sys
 run, skipped = [], []
 for t in json.load(sys.stdin).get("tests", []):
     cmd = t.get("command") or []
-    built = cmd and os.path.exists(cmd[0]) and not t["name"].endswith("_NOT_BUILT")
+    # The program, and any program of this tree a script runs, must have been built.
+    tree = os.path.realpath(sys.argv[1]) + os.sep
+    outputs = [a for a in cmd[1:] if os.path.realpath(a).startswith(tree)]
+    built = (cmd and os.path.exists(cmd[0]) and all(os.path.exists(a) for a in outputs)
+             and not t["name"].endswith("_NOT_BUILT"))
     (run if built else skipped).append(t["name"])
 sys.stderr.write("[sanitizers] emu tests not built in this tree, not run: %s\n"
                  % (", ".join(sorted(set(skipped))) or "none"))
 print("^(" + "|".join(re.escape(n) for n in run) + ")$" if run else "^$")
-'
+' "$1"
 }
 
 common_env() {
