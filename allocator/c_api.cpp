@@ -182,6 +182,7 @@ tagmem_status tagmem_shutdown(void) {
     std::unique_lock lock(g_lifetime);
     delete g_registry;
     g_registry = nullptr;
+    note_config_fields({});
   });
 }
 

@@ -47,6 +47,7 @@ config make_config(const tagmem_config* user) {
   } else {
     user = &zero;
   }
+  note_config_fields({});  // until this configuration is made, no field is in effect
   // Every setting of the table, the shim's and NCCL's included, so that init reports them.
   check_environment();
   config c;
