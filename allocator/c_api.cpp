@@ -18,6 +18,7 @@
 #include "fork_guard.hpp"
 #include "host_view.hpp"
 #include "metadata_heap.hpp"
+#include "options.hpp"
 #include "registry.hpp"
 #include "tag_scope.hpp"
 #include "tagmem/tagmem.h"
@@ -162,11 +163,26 @@ tagmem_status tagmem_init(const tagmem_config* config) {
   });
 }
 
+tagmem_status tagmem_config_describe(char* buf, size_t capacity, size_t* needed) {
+  return guarded_plain([&] {
+    TAGMEM_EXPECTS(buf || capacity == 0, TAGMEM_ERROR_INVALID_ARGUMENT,
+                   "tagmem_config_describe: buf is NULL");
+    const std::string text = describe_options();
+    if (needed) *needed = text.size() + 1;
+    if (!buf) return;
+    TAGMEM_EXPECTS(text.size() < capacity, TAGMEM_ERROR_INVALID_ARGUMENT,
+                   "tagmem_config_describe: " + std::to_string(text.size() + 1) +
+                       " bytes needed, " + std::to_string(capacity) + " given");
+    std::memcpy(buf, text.c_str(), text.size() + 1);
+  });
+}
+
 tagmem_status tagmem_shutdown(void) {
   return guarded_plain([] {
     std::unique_lock lock(g_lifetime);
     delete g_registry;
     g_registry = nullptr;
+    note_config_fields({});
   });
 }
 

@@ -5,8 +5,6 @@
 
 #include <algorithm>
 #include <atomic>
-#include <cstdlib>
-#include <cstring>
 #include <exception>
 #include <mutex>
 #include <string>
@@ -16,6 +14,7 @@
 #include "byte_math.hpp"
 #include "device.hpp"
 #include "driver/driver.hpp"
+#include "options.hpp"
 
 namespace tagmem {
 namespace {
@@ -59,12 +58,10 @@ void for_each_index(std::size_t n, unsigned threads, F&& body) {
 }  // namespace
 
 pin_method pin_method_from_env() {
-  const char* m = std::getenv("TAGMEM_HOST_PIN");
-  if (!m || !*m || std::strcmp(m, "register") == 0) return pin_method::register_huge;
-  if (std::strcmp(m, "register_small") == 0) return pin_method::register_small;
-  if (std::strcmp(m, "host_alloc") == 0) return pin_method::host_alloc;
-  fail(TAGMEM_ERROR_INVALID_ARGUMENT,
-       std::string("TAGMEM_HOST_PIN='") + m + "': expected register, register_small or host_alloc");
+  // In the order of TAGMEM_HOST_PIN's choices (options.def).
+  static constexpr pin_method kMethods[] = {pin_method::register_huge, pin_method::register_small,
+                                            pin_method::host_alloc};
+  return kMethods[option_choice(option::HOST_PIN)];
 }
 
 const char* pin_method_name(pin_method how) noexcept {
@@ -80,13 +77,8 @@ const char* pin_method_name(pin_method how) noexcept {
 }
 
 unsigned pin_threads_from_env() {
-  if (const char* t = std::getenv("TAGMEM_HOST_PIN_THREADS"); t && *t) {
-    char* end = nullptr;
-    long v = std::strtol(t, &end, 10);
-    TAGMEM_EXPECTS(*end == '\0' && v >= 1 && v <= 256, TAGMEM_ERROR_INVALID_ARGUMENT,
-                   std::string("TAGMEM_HOST_PIN_THREADS='") + t + "': expected 1..256");
-    return static_cast<unsigned>(v);
-  }
+  if (option_env(option::HOST_PIN_THREADS))
+    return static_cast<unsigned>(option_number(option::HOST_PIN_THREADS));
   return std::clamp(std::thread::hardware_concurrency(), 1u, 16u);
 }
 

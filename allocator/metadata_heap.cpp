@@ -19,6 +19,8 @@
 #include <cstdlib>
 #include <mutex>
 
+#include "options.hpp"
+
 namespace tagmem {
 namespace {
 
@@ -38,8 +40,7 @@ mimalloc_api g_mi;                        // all set, or all null
 std::atomic<bool> g_use_mimalloc{false};  // what meta_malloc uses now
 
 void load_mimalloc() {
-  const char* path = std::getenv("TAGMEM_MIMALLOC_LIBRARY");
-  void* h = dlopen(path && *path ? path : "libmimalloc.so.2", RTLD_NOW | RTLD_LOCAL);
+  void* h = dlopen(option_text(option::MIMALLOC_LIBRARY), RTLD_NOW | RTLD_LOCAL);
   if (!h) return;
   mimalloc_api m;
   m.heap_new = reinterpret_cast<decltype(m.heap_new)>(dlsym(h, "mi_heap_new"));

@@ -12,6 +12,8 @@
 #include <stdexcept>
 #include <thread>
 
+#include "options.hpp"
+
 namespace tagmem::bench {
 
 // ---- arguments ----------------------------------------------------------------------------
@@ -50,22 +52,9 @@ std::size_t args::bytes(const std::string& key, std::size_t fallback) const {
 }
 
 std::size_t parse_bytes(const std::string& text) {
-  std::size_t used = 0;
-  double v = std::stod(text, &used);
-  std::string unit = text.substr(used);
-  double scale = 1;
-  if (unit == "K" || unit == "k" || unit == "KiB")
-    scale = 1024.0;
-  else if (unit == "M" || unit == "MiB")
-    scale = 1024.0 * 1024;
-  else if (unit == "G" || unit == "GiB")
-    scale = 1024.0 * 1024 * 1024;
-  else if (unit == "GB")
-    scale = 1e9;
-  else if (!unit.empty() && unit != "B")
-    throw std::invalid_argument("bad size '" + text + "'");
-  if (v < 0) throw std::invalid_argument("negative size '" + text + "'");
-  return static_cast<std::size_t>(v * scale);
+  const parsed_size p = parse_size(text);  // the library's reading of a size (size_text.hpp)
+  if (!p.ok) throw std::invalid_argument("'" + text + "' " + p.why);
+  return p.bytes;
 }
 
 std::string format_bytes(std::size_t bytes) {
@@ -91,10 +80,7 @@ CUcontext use_device0() {
   return ctx;
 }
 
-bool using_emulator() {
-  const char* lib = std::getenv("TAGMEM_LIBCUDA");
-  return lib && std::strstr(lib, "tagmem_emu") != nullptr;
-}
+bool using_emulator() { return std::strstr(option_text(option::LIBCUDA), "tagmem_emu") != nullptr; }
 
 // ---- host memory --------------------------------------------------------------------------
 

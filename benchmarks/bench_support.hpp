@@ -34,8 +34,10 @@ class args {
   std::string error_;
 };
 
-std::size_t parse_bytes(const std::string& text);  // throws std::invalid_argument
-std::string format_bytes(std::size_t bytes);       // "16.06 GB (14.96 GiB)"
+// A size as the library reads one (options/size_text.hpp: 1GiB = 2^30, 1GB = 10^9); throws
+// std::invalid_argument.
+std::size_t parse_bytes(const std::string& text);
+std::string format_bytes(std::size_t bytes);  // "16.06 GB (14.96 GiB)"
 
 // Loads the driver and makes device 0's primary context current on the calling thread.
 CUcontext use_device0();

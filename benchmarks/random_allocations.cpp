@@ -16,6 +16,7 @@
 #include <random>
 
 #include "bench_support.hpp"
+#include "options.hpp"
 #include "tagmem/tagmem.h"
 
 using namespace tagmem::bench;
@@ -31,7 +32,10 @@ struct op {
 };
 
 std::size_t live_cap() {
-  if (const char* v = std::getenv("TAGMEM_BENCH_LIVE_BYTES")) return parse_bytes(v);
+  using tagmem::option;
+  if (tagmem::option_env(option::BENCH_LIVE_BYTES)) {
+    return tagmem::option_number(option::BENCH_LIVE_BYTES);
+  }
   std::size_t free_b = 0, total = 0;
   use_device0();
   BENCH_CU(cuMemGetInfo, &free_b, &total);

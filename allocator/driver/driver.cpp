@@ -15,6 +15,7 @@
 #include <mutex>
 
 #include "fork_guard.hpp"
+#include "options.hpp"
 
 namespace tagmem::driver {
 namespace {
@@ -56,8 +57,7 @@ void load() {
   mark_started();  // before anything starts: a child forked from here on refuses (Note [fork])
   std::lock_guard lock(g_mutex);
   if (g_loaded.load(std::memory_order_relaxed)) return;
-  const char* env = std::getenv("TAGMEM_LIBCUDA");
-  g_path = (env && *env) ? env : "libcuda.so.1";
+  g_path = option_text(option::LIBCUDA);
   void* handle = dlopen(g_path.c_str(), RTLD_NOW | RTLD_LOCAL);
   if (!handle) {
     const char* why = dlerror();

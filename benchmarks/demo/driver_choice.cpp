@@ -9,6 +9,8 @@
 
 #include <cstring>
 
+#include "options.hpp"
+
 namespace tagmem::demo {
 namespace {
 
@@ -48,7 +50,7 @@ std::string emulator_path(const char* argv0) {
 
 driver_choice choose_driver(const char* argv0) {
   driver_choice c;
-  if (const char* env = getenv("TAGMEM_LIBCUDA"); env && *env) {
+  if (const char* env = option_env(option::LIBCUDA)) {
     c.library = env;
     c.emulated = std::strstr(env, "tagmem_emu") != nullptr;
     c.why = "TAGMEM_LIBCUDA is set";
@@ -63,7 +65,7 @@ driver_choice choose_driver(const char* argv0) {
   c.emulated = true;
   c.library = emulator_path(argv0);
   c.why = detail;
-  setenv("TAGMEM_LIBCUDA", c.library.c_str(), 1);
+  setenv(spec_of(option::LIBCUDA).name, c.library.c_str(), 1);
   return c;
 }
 

@@ -134,6 +134,20 @@ TAGMEM_API void tagmem_config_init(tagmem_config* config);
  * is INVALID_ARGUMENT. */
 TAGMEM_API tagmem_status tagmem_init(const tagmem_config* config);
 
+/* Describes every TAGMEM_* setting, one line each: "NAME ORIGIN VALUE", the fields separated by
+ * spaces, VALUE running to the end of the line. ORIGIN is one of
+ *   default                    not set; VALUE is the default as documented ("2 MiB", "unset")
+ *   environment                VALUE is the variable's, as given
+ *   invalid                    the variable's value, which tagmem_init would refuse
+ *   tagmem_config.<field>      a field of the last tagmem_init's config overrode the variable
+ *   unknown                    a TAGMEM_* variable that is no setting (tagmem_init warns once)
+ * Writes the text, NUL-terminated, into `buf` when it fits in `capacity` bytes, and the bytes it
+ * needs (with the NUL) into *needed when `needed` is not NULL. `buf` may be NULL when `capacity`
+ * is 0, to ask for the size. Reads the environment as it is now; does not initialise tagmem.
+ * Errors: INVALID_ARGUMENT when the text does not fit (nothing is written) or `buf` is NULL
+ * with a non-zero capacity. Thread-safe, but as getenv: not against a concurrent setenv. */
+TAGMEM_API tagmem_status tagmem_config_describe(char* buf, size_t capacity, size_t* needed);
+
 /* Releases every tag on every device (live allocations included: their pointers become
  * invalid), the host store and the driver. tagmem may be initialised again afterwards.
  * Must not race with other tagmem calls. */

@@ -16,6 +16,7 @@
 #include <thread>
 
 #include "error.hpp"
+#include "options.hpp"
 #include "private_dir.hpp"
 #include "rendezvous_point.hpp"
 
@@ -54,7 +55,7 @@ int env_int(const char* name, int fallback) {
 // every process of one run, a restart included, and differs between runs).
 std::string job_identity() {
   std::string job, from;
-  if (const char* j = env("TAGMEM_NCCL_JOB")) {
+  if (const char* j = option_env(option::NCCL_JOB)) {
     job = j;
     from = "TAGMEM_NCCL_JOB";
   } else if (const char* id = env("TORCHELASTIC_RUN_ID"); id && std::strcmp(id, "none") != 0) {
@@ -81,13 +82,8 @@ std::string job_identity() {
 group_spec resolve_spec(const char* name, int rank, int size, int timeout_ms) {
   group_spec s;
   s.job = job_identity();
-  if (name) {
-    s.name = name;
-  } else if (const char* g = env("TAGMEM_NCCL_GROUP")) {
-    s.name = g;
-  } else {
-    s.name = "nccl";  // the job identity keeps it apart from other jobs' groups
-  }
+  // The default name is the same in every job: the job identity keeps the groups apart.
+  s.name = name ? name : option_text(option::NCCL_GROUP);
   TAGMEM_EXPECTS(valid_group_name(s.name), TAGMEM_ERROR_INVALID_ARGUMENT,
                  "group name '" + s.name + "' must be 1-64 characters of [A-Za-z0-9._-]");
   s.rank = rank >= 0 ? rank : env_int("LOCAL_RANK", -1);
@@ -99,9 +95,8 @@ group_spec resolve_spec(const char* name, int rank, int size, int timeout_ms) {
                  "rank " + std::to_string(s.rank) + " is not in 0.." + std::to_string(s.size - 1) +
                      " (pass it, or set LOCAL_RANK)");
   TAGMEM_EXPECTS(timeout_ms >= 0, TAGMEM_ERROR_INVALID_ARGUMENT, "timeout_ms is negative");
-  s.timeout_ms = timeout_ms > 0 ? timeout_ms : env_int("TAGMEM_NCCL_TIMEOUT_MS", 60000);
-  TAGMEM_EXPECTS(s.timeout_ms > 0, TAGMEM_ERROR_INVALID_ARGUMENT,
-                 "TAGMEM_NCCL_TIMEOUT_MS must be positive");
+  s.timeout_ms =
+      timeout_ms > 0 ? timeout_ms : static_cast<int>(option_number(option::NCCL_TIMEOUT_MS));
   return s;
 }
 

@@ -17,6 +17,7 @@
 #include "device_access.hpp"
 #include "driver/driver.hpp"
 #include "error.hpp"
+#include "options.hpp"
 #include "records.hpp"
 
 namespace tagmem::nccl {
@@ -26,27 +27,16 @@ enum class classic_mode { passthrough, vmm };
 
 struct classic_config {
   classic_mode mode = classic_mode::passthrough;
-  std::size_t min_bytes = 1ull << 20;
+  std::size_t min_bytes = 0;
 };
 
 const classic_config& classic() {
   static const classic_config cfg = [] {
     classic_config c;
-    if (const char* m = std::getenv("TAGMEM_NCCL_CUMEMALLOC"); m && *m) {
-      if (std::strcmp(m, "vmm") == 0) {
-        c.mode = classic_mode::vmm;
-      } else if (std::strcmp(m, "passthrough") != 0) {
-        std::fprintf(stderr,
-                     "[tagmem preload] TAGMEM_NCCL_CUMEMALLOC=%s is neither 'vmm' nor "
-                     "'passthrough'; using passthrough\n",
-                     m);
-      }
-    }
-    if (const char* b = std::getenv("TAGMEM_NCCL_CLASSIC_MIN_BYTES"); b && *b) {
-      char* end = nullptr;
-      unsigned long long v = std::strtoull(b, &end, 10);
-      if (end && *end == '\0') c.min_bytes = v;
-    }
+    // Read on NCCL's first cuMemAlloc, where nothing can fail (tagmem_init refuses a bad value).
+    const char* who = "[tagmem preload]";
+    if (number_or_default(spec_of(option::NCCL_CUMEMALLOC), who) == 1) c.mode = classic_mode::vmm;
+    c.min_bytes = number_or_default(spec_of(option::NCCL_CLASSIC_MIN_BYTES), who);
     return c;
   }();
   return cfg;

@@ -11,6 +11,7 @@
 #include <cstring>
 
 #include "error.hpp"
+#include "options.hpp"
 
 namespace tagmem::nccl {
 namespace {
@@ -25,7 +26,7 @@ bool set(const char* name) {
 // Runs when the shim loads, before the program's main and before any thread of it exists (so
 // setenv is safe here), and before a launcher copies its environment for the ranks it starts.
 __attribute__((constructor)) void choose_job_directory() {
-  if (set("TAGMEM_NCCL_DIR") || set("XDG_RUNTIME_DIR")) return;
+  if (option_env(option::NCCL_DIR) || set("XDG_RUNTIME_DIR")) return;
   unsigned char random[16];
   if (::getrandom(random, sizeof random, 0) != static_cast<ssize_t>(sizeof random)) return;
   const char* tmp = std::getenv("TMPDIR");
@@ -36,7 +37,7 @@ __attribute__((constructor)) void choose_job_directory() {
     std::snprintf(hex, sizeof hex, "%02x", b);
     path += hex;
   }
-  if (::setenv("TAGMEM_NCCL_DIR", path.c_str(), 0) == 0) g_chosen_by = ::getpid();
+  if (::setenv(spec_of(option::NCCL_DIR).name, path.c_str(), 0) == 0) g_chosen_by = ::getpid();
 }
 
 [[noreturn]] void refuse(const std::string& path, const std::string& why) {
@@ -50,8 +51,8 @@ bool private_dir_chosen_here() { return g_chosen_by != 0 && g_chosen_by == ::get
 
 std::string private_dir() {
   std::string path;
-  if (set("TAGMEM_NCCL_DIR")) {
-    path = std::getenv("TAGMEM_NCCL_DIR");
+  if (const char* dir = option_env(option::NCCL_DIR)) {
+    path = dir;
   } else if (set("XDG_RUNTIME_DIR")) {
     path = std::string(std::getenv("XDG_RUNTIME_DIR")) + "/tagmem";
   } else {

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <mutex>
 
+#include "options.hpp"
 #include "real_symbols.hpp"
 
 namespace tagmem::preload {
@@ -46,16 +47,14 @@ int g_cached = 0;
 const shim_config& config() {
   static const shim_config* cfg = [] {
     auto* c = new shim_config;
-    if (const char* t = std::getenv("TAGMEM_PRELOAD_TAG"); t && *t) {
+    if (const char* t = option_text(option::PRELOAD_TAG); *t) {
       c->default_tag = t;
     } else if (truthy(std::getenv("TMS_INIT_ENABLE"))) {
       c->default_tag = "default";  // torch_memory_saver's "every cudaMalloc is pausable"
     }
-    const char* callers = std::getenv("TAGMEM_PRELOAD_DRIVER_CALLERS");
-    c->driver_callers = split(callers && *callers ? callers : "libnccl");
+    c->driver_callers = split(option_text(option::PRELOAD_DRIVER_CALLERS));
     for (const auto& s : c->driver_callers) c->all_callers |= s == "*";
-    const char* log = std::getenv("TAGMEM_PRELOAD_LOG");
-    c->log = log && *log && std::strcmp(log, "0") != 0;
+    c->log = option_flag(option::PRELOAD_LOG);
     return c;
   }();
   return *cfg;

@@ -147,7 +147,7 @@ TEST_F(Overflow, PinningAWrappingSizeThrowsAndPinsNothing) {
 }
 
 TEST_F(Overflow, BlockPoolRefusesAWrappingSize) {
-  config cfg;
+  const config cfg = make_config(nullptr);
   device dev(0, cfg);
   vm_arena arena(dev, cfg, nullptr);
   block_pool pool(arena, cfg);

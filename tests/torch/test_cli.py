@@ -10,7 +10,7 @@ import subprocess
 import sys
 
 from conftest import REPO_ROOT
-from tagmem import _settings
+from tagmem import _api
 
 
 def tagmem_cli(*args, env=None, drop=()):
@@ -76,50 +76,65 @@ def test_run_reports_a_command_that_cannot_start(tmp_path):
     assert "cannot start" in out.stderr
 
 
-def setting_line(text, name):
-    lines = [line for line in text.splitlines() if line.split()[:1] == [name]]
+def setting(text, name):
+    """(origin, value) of `name` in the settings part of ``python -m tagmem config``."""
+    lines = [line.split(None, 2) for line in text.splitlines() if line.split()[:1] == [name]]
     assert len(lines) == 1, text
-    return lines[0]
+    return tuple(lines[0][1:] + [""] * (3 - len(lines[0])))
 
 
-def test_config_shows_set_values_defaults_and_unknown_variables(rng):
+def test_config_prints_what_the_library_describes(rng):
     streams = str(rng.randrange(1, 17))
     unknown = f"TAGMEM_NOT_A_SETTING_{rng.randrange(1 << 30)}"
-    env = dict(os.environ, TAGMEM_COPY_STREAMS=streams, **{unknown: "7"})
+    device_bytes = f"{rng.randrange(1, 64)}.5GiB"
+    env = dict(os.environ, TAGMEM_COPY_STREAMS=streams, TAGMEM_HOST_PIN="mlock", **{unknown: "7"})
+    env["TAGMEM_EMU_DEVICE_BYTES"] = device_bytes
     env.pop("TAGMEM_CHUNK_BYTES", None)
     out = tagmem_cli("config", env=env)
     assert out.returncode == 0, out.stderr
-    assert setting_line(out.stdout, "TAGMEM_COPY_STREAMS").split()[1:3] == ["=", streams]
-    assert setting_line(out.stdout, "TAGMEM_CHUNK_BYTES").split()[1:4] == ["default", "2", "MiB"]
-    assert "not a setting tagmem reads" in setting_line(out.stdout, unknown)
+    assert setting(out.stdout, "TAGMEM_COPY_STREAMS") == ("environment", streams)
+    assert setting(out.stdout, "TAGMEM_EMU_DEVICE_BYTES") == ("environment", device_bytes)
+    assert setting(out.stdout, "TAGMEM_CHUNK_BYTES") == ("default", "2 MiB")
+    assert setting(out.stdout, "TAGMEM_HOST_PIN") == ("invalid", "mlock")
+    assert setting(out.stdout, unknown) == ("unknown", "7")
+    # The package's own variables are in the library's table too.
+    assert setting(out.stdout, "TAGMEM_LIBRARY") == ("environment", os.environ["TAGMEM_LIBRARY"])
     libraries = dict(line.split(None, 1) for line in out.stdout.splitlines()[1:5])
     assert libraries["libtagmem_preload"] == shim()
     assert libraries["libtagmem"] == os.path.realpath(os.environ["TAGMEM_LIBRARY"])
 
 
-def _variables_read_by_the_sources():
-    """Every "TAGMEM_*" string literal in the library's and the package's sources, less status
-    names (tagmem_status_string) and the build's own settings (setup.py)."""
-    found = set()
-    for top in ("allocator", "integrations"):
-        for directory, _, files in os.walk(os.path.join(REPO_ROOT, top)):
-            for name in files:
-                if not name.endswith((".cpp", ".c", ".py")) or name == "setup.py":
-                    continue
+def _sources(top, suffixes):
+    for directory, _, files in os.walk(os.path.join(REPO_ROOT, top)):
+        for name in files:
+            if name.endswith(suffixes) and name != "setup.py":
                 with open(os.path.join(directory, name), encoding="utf-8") as f:
-                    found.update(re.findall(r"\"(TAGMEM_[A-Z0-9_]+)\"", f.read()))
-    return {n for n in found if not re.match(r"TAGMEM_(ERROR_|SUCCESS$|UNKNOWN_STATUS$)", n)}
+                    yield os.path.join(directory, name), f.read()
 
 
-def test_the_settings_list_is_the_set_of_variables_the_sources_read():
-    listed = [name for name, _, _ in _settings.SETTINGS]
-    assert len(listed) == len(set(listed))
-    read = _variables_read_by_the_sources()
-    assert read - set(listed) == set(), "read by tagmem but missing from tagmem/_settings.py"
-    assert set(listed) - read == set(), "listed in tagmem/_settings.py but read nowhere"
-    with open(os.path.join(REPO_ROOT, "README.md"), encoding="utf-8") as f:
-        documented = set(re.findall(r"^\| `(TAGMEM_[A-Z0-9_]+)` \|", f.read(), re.M))
-    assert documented and documented <= set(listed)
+def test_every_variable_read_is_in_the_library_table():
+    """C and C++ sources read TAGMEM_* settings only through the table (no getenv of a literal
+    name), and every "TAGMEM_*" literal of the Python package is a setting of that table."""
+    table = {line.split()[0] for line in _api.config_describe().splitlines()}
+    table = {n for n in table if not n.startswith("TAGMEM_NOT_A_SETTING_")}
+    for top in ("allocator", "integrations"):
+        for path, text in _sources(top, (".cpp", ".c", ".hpp")):
+            assert not re.search(r"getenv\(\s*\"TAGMEM_", text), f"{path} reads a setting past the table"
+    for path, text in _sources("integrations/torch/tagmem", (".py",)):
+        used = set(re.findall(r"\"(TAGMEM_[A-Z0-9_]+)\"", text))
+        assert used <= table, f"{path}: {used - table} not in allocator/options/options.def"
+
+
+def test_the_emulated_driver_reads_sizes_as_the_library_does(rng):
+    half = rng.randrange(1, 64)
+    env = dict(os.environ, TAGMEM_EMU_DEVICE_BYTES=f"{half}.5GiB")
+    assert stats_lines(tagmem_cli("stats", env=env))["device_total_bytes"][0] == str((2 * half + 1) << 29)
+    env["TAGMEM_EMU_DEVICE_BYTES"] = f"{half}GB"
+    assert stats_lines(tagmem_cli("stats", env=env))["device_total_bytes"][0] == str(half * 10**9)
+    env["TAGMEM_EMU_DEVICE_BYTES"] = f"{half}.3X"
+    out = tagmem_cli("stats", env=env)
+    assert out.returncode == 1
+    assert f"TAGMEM_EMU_DEVICE_BYTES='{half}.3X' is not a size" in out.stderr
 
 
 def stats_lines(out):

@@ -1,14 +1,14 @@
 // state.cpp — the global lock, device configuration and device memory accounting.
 //
 // See Note [emu locking] in state.hpp. Device sizes come from the environment once, on first
-// use; tagmem_emu_set_device_bytes (devices.cpp) may change them later.
+// use (TAGMEM_EMU_*, options.def); tagmem_emu_set_device_bytes (devices.cpp) may change them later.
 #include "state.hpp"
 
 #include <algorithm>
 #include <atomic>
-#include <cctype>
-#include <cstdlib>
 #include <vector>
+
+#include "option_table.hpp"
 
 namespace tagmem::emu {
 namespace {
@@ -18,39 +18,10 @@ struct device_state {
   uint64_t used = 0;
 };
 
-// Parses "8589934592", "8G", "8GiB", "512M"...; `fallback` when unset or malformed.
-uint64_t parse_bytes(const char* text, uint64_t fallback) {
-  if (text == nullptr || *text == '\0') return fallback;
-  char* end = nullptr;
-  const unsigned long long value = std::strtoull(text, &end, 10);
-  if (end == text) return fallback;
-  uint64_t unit = 1;
-  switch (std::toupper(static_cast<unsigned char>(*end))) {
-    case '\0':
-      break;
-    case 'K':
-      unit = uint64_t{1} << 10;
-      break;
-    case 'M':
-      unit = uint64_t{1} << 20;
-      break;
-    case 'G':
-      unit = uint64_t{1} << 30;
-      break;
-    case 'T':
-      unit = uint64_t{1} << 40;
-      break;
-    default:
-      return fallback;
-  }
-  return value * unit;
-}
+// Read with libtagmem's rules (options.def): a bad value is reported and the default used.
+uint64_t setting(option o) { return number_or_default(spec_of(o), "tagmem emu"); }
 
-int configured_device_count() {
-  const char* text = std::getenv("TAGMEM_EMU_DEVICE_COUNT");
-  if (text == nullptr || *text == '\0') return 2;
-  return std::clamp(std::atoi(text), 0, max_devices);
-}
+static_assert(spec_of(option::EMU_DEVICE_COUNT).high == max_devices);
 
 struct globals {
   std::mutex mutex;
@@ -59,9 +30,9 @@ struct globals {
   live_objects live;
 
   globals() {
-    const uint64_t bytes = parse_bytes(std::getenv("TAGMEM_EMU_DEVICE_BYTES"), uint64_t{8} << 30);
-    devices.resize(configured_device_count(), device_state{bytes, 0});
-    context_bytes = parse_bytes(std::getenv("TAGMEM_EMU_CONTEXT_BYTES"), 0);
+    const uint64_t bytes = setting(option::EMU_DEVICE_BYTES);
+    devices.resize(setting(option::EMU_DEVICE_COUNT), device_state{bytes, 0});
+    context_bytes = setting(option::EMU_CONTEXT_BYTES);
   }
 };
 

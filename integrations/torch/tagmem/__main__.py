@@ -2,7 +2,7 @@
 running a program under the LD_PRELOAD shim.
 
     python -m tagmem preload-path        # the path of libtagmem_preload.so
-    python -m tagmem config              # the libraries found, then every TAGMEM_* setting
+    python -m tagmem config              # the libraries found, then every TAGMEM_* setting in effect
     python -m tagmem stats [--device N]  # this process's device statistics and tags
     python -m tagmem run -- CMD ARGS...  # CMD with the shim first on LD_PRELOAD
 
@@ -15,7 +15,7 @@ import argparse
 import os
 import sys
 
-from . import _api, _entry_points, _errors, _lib, _settings
+from . import _api, _entry_points, _errors, _lib
 from .compat import _tms_env
 
 EMU_NAME = "libtagmem_emu.so"
@@ -72,17 +72,14 @@ def config(_args):
     print(f"  libtagmem_torch_alloc   {_library(_entry_points.path)}")
     print(f"  libtagmem_preload       {_preload_or_none() or '(not found)'}")
     print(f"  libtagmem_emu           {_emulated_driver() or '(not found)'}")
-    print("settings (set: the value in the environment; otherwise the default):")
-    known = set()
-    width = max(len(name) for name, _, _ in _settings.SETTINGS)
-    for name, default, meaning in _settings.SETTINGS:
-        known.add(name)
-        value = os.environ.get(name)
-        shown = f"= {value}" if value is not None else f"  default {default}"
-        print(f"  {name:<{width}} {shown:<28}  {meaning}")
-    unknown = sorted(n for n in os.environ if n.startswith("TAGMEM_") and n not in known)
-    for name in unknown:
-        print(f"  {name:<{width}} {'= ' + os.environ[name]:<28}  not a setting tagmem reads")
+    # The library's table (options.def) holds every TAGMEM_* setting, this package's included.
+    print("settings (name, where the value comes from, value):")
+    try:
+        described = _api.config_describe()
+    except (_lib.LibraryNotFound, _errors.TagmemError) as e:
+        return _fail(f"cannot list the settings: {e}")
+    for line in described.splitlines():
+        print(f"  {line}")
     return 0
 
 

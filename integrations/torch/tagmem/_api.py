@@ -219,6 +219,20 @@ def tags(device=None):
             return [raw[i * width : (i + 1) * width].split(b"\0", 1)[0].decode() for i in range(count.value)]
 
 
+def config_describe():
+    """tagmem_config_describe(): one line per TAGMEM_* setting, "NAME ORIGIN VALUE"."""
+    lib = _lib.lib()
+    needed = ctypes.c_size_t(0)
+    while True:
+        _errors.check(lib.tagmem_config_describe(None, 0, ctypes.byref(needed)))
+        buffer = ctypes.create_string_buffer(needed.value)
+        status = lib.tagmem_config_describe(buffer, needed.value, ctypes.byref(needed))
+        if status == 0:
+            return buffer.value.decode()
+        if len(buffer) >= needed.value:  # else the environment grew meanwhile: ask again
+            _errors.check(status)
+
+
 def stats(name=None, device=None):
     """tagmem's statistics as dicts whose keys are the C structs' field names.
 

@@ -127,6 +127,7 @@ _PROTOTYPES = {
     "tagmem_set_memory_margin": (None, [_SIZE]),
     "tagmem_memory_margin": (_SIZE, []),
     "tagmem_metadata_heap": (ctypes.c_char_p, []),
+    "tagmem_config_describe": (_STATUS, [_VOIDP, _SIZE, ctypes.POINTER(_SIZE)]),
 }
 
 _lock = threading.Lock()
