@@ -39,7 +39,7 @@ std::uint64_t emu_device_used_bytes(int device);
 std::uint64_t emu_live_allocations();
 std::uint64_t emu_live_mappings();
 void emu_fail_call(const char* entry, std::uint64_t nth, CUresult error);
-void emu_clear_faults();  // disarms the faults not yet fired
+void emu_clear_faults();                          // disarms the faults not yet fired
 std::uint64_t emu_call_count(const char* entry);  // null: every entry point
 std::uint64_t emu_pinned_host_bytes();
 void emu_set_copy_bytes_per_second(std::uint64_t bps);
