@@ -16,9 +16,7 @@ extern "C" {
 
 #define TAGMEM_PRELOAD_ROUTE_AUTO (-1) /* scopes and the default tag decide (the initial mode) */
 #define TAGMEM_PRELOAD_ROUTE_OFF 0     /* this thread's allocations go to the runtime */
-#define TAGMEM_PRELOAD_ROUTE_ON                           \
-  1 /* they go to tagmem, into the current tag ("default" \
-       outside any scope) */
+#define TAGMEM_PRELOAD_ROUTE_ON 1      /* to tagmem, the current tag ("default" outside scopes) */
 
 /* Sets the calling thread's routing mode and returns the previous one; an unknown mode changes
  * nothing and returns -2. Frees are unaffected: memory goes back to whoever allocated it.
