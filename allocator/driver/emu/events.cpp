@@ -129,7 +129,7 @@ TAGMEM_EMU_EXPORT CUresult cuStreamWaitEvent(CUstream stream_handle, CUevent han
     if (CUresult r = resolve_stream(held, stream_handle, &where); r != CUDA_SUCCESS) return r;
     m = e->last;
   }
-  if (m) submit(where, wait_for(std::move(m)));
+  if (m) submit_wait(where, wait_for(std::move(m)));
   return CUDA_SUCCESS;
 }
 

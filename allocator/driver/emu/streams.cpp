@@ -7,6 +7,8 @@
 // for another that is still waiting on it.
 #include "streams.hpp"
 
+#include <unistd.h>
+
 #include <condition_variable>
 #include <deque>
 #include <map>
@@ -91,8 +93,57 @@ std::map<stream*, std::shared_ptr<stream>>& registry() {
   return *instance;
 }
 
-bool is_null_stream(CUstream handle) {
-  return handle == nullptr || handle == CU_STREAM_LEGACY || handle == CU_STREAM_PER_THREAD;
+// A registered stream of `device`'s current context with its worker running; null when no thread
+// can be started.
+std::shared_ptr<stream> start_stream(lock& held, int device, unsigned flags) {
+  auto s = std::make_shared<stream>();
+  s->device = device;
+  s->generation = context_generation(held, device);
+  s->flags = flags;
+  try {
+    s->worker = std::thread([raw = s.get()] { raw->run(); });
+  } catch (const std::system_error&) {
+    return nullptr;
+  }
+  registry().emplace(s.get(), s);
+  return s;
+}
+
+bool is_null_stream(CUstream handle) { return handle == nullptr || handle == CU_STREAM_LEGACY; }
+
+// Note [emu streams]: this thread's per-thread default streams, one per device, made on first
+// use. They are not counted as live streams (the program never created them) and end with the
+// thread; one left behind by a torn-down context is retired, not reused. In a forked child their
+// workers do not exist, so nothing is stopped there.
+struct per_thread_streams {
+  std::map<int, std::shared_ptr<stream>> current;
+  std::vector<std::shared_ptr<stream>> retired;
+  pid_t owner = getpid();
+  ~per_thread_streams() {
+    if (getpid() != owner) return;
+    {
+      lock held = take_lock();
+      for (auto& [device, s] : current) registry().erase(s.get());
+    }
+    for (auto& [device, s] : current) s->stop();
+    for (auto& s : retired) s->stop();
+  }
+};
+thread_local per_thread_streams t_per_thread;
+
+CUresult per_thread_stream(lock& held, std::shared_ptr<stream>* out) {
+  int device = 0;
+  if (CUresult r = current_device(held, &device); r != CUDA_SUCCESS) return r;
+  const uint64_t generation = context_generation(held, device);
+  std::shared_ptr<stream>& mine = t_per_thread.current[device];
+  if (mine && mine->generation != generation) {
+    registry().erase(mine.get());
+    t_per_thread.retired.push_back(std::move(mine));
+  }
+  if (!mine) mine = start_stream(held, device, 0);
+  if (!mine) return CUDA_ERROR_OUT_OF_MEMORY;
+  *out = mine;
+  return CUDA_SUCCESS;
 }
 
 // The streams of `device` matching `want`, with their current tickets.
@@ -109,6 +160,15 @@ void wait_for(const std::vector<std::pair<std::shared_ptr<stream>, uint64_t>>& s
   for (auto& [s, ticket] : streams) s->wait(ticket);
 }
 
+// Note [emu streams]: the queue of the waits the legacy stream of `device` was told to make;
+// made on first use and never destroyed. Null when no thread can be started for it.
+std::shared_ptr<stream> legacy_waits(lock& held, int device, bool create) {
+  static auto* all = new std::map<int, std::shared_ptr<stream>>;  // leaked, as the registry
+  std::shared_ptr<stream>& s = (*all)[device];
+  if (!s && create) s = start_stream(held, device, 0);
+  return s;
+}
+
 void wait_blocking_streams(int device) {
   wait_for(snapshot(
       [&](stream& s) { return s.device == device && (s.flags & CU_STREAM_NON_BLOCKING) == 0; }));
@@ -117,6 +177,11 @@ void wait_blocking_streams(int device) {
 }  // namespace
 
 CUresult resolve_stream(lock& held, CUstream handle, target* out) {
+  if (handle == CU_STREAM_PER_THREAD) {
+    if (CUresult r = per_thread_stream(held, &out->queue); r != CUDA_SUCCESS) return r;
+    out->device = out->queue->device;
+    return CUDA_SUCCESS;
+  }
   if (is_null_stream(handle)) {
     out->queue = nullptr;
     return current_device(held, &out->device);
@@ -130,11 +195,39 @@ CUresult resolve_stream(lock& held, CUstream handle, target* out) {
 
 void submit(const target& where, operation op) {
   if (where.queue) {
+    if ((where.queue->flags & CU_STREAM_NON_BLOCKING) == 0) {  // ordered after the legacy stream
+      std::shared_ptr<stream> waits;
+      {
+        lock held = take_lock();
+        waits = legacy_waits(held, where.device, false);
+      }
+      if (waits && waits != where.queue && !waits->idle()) {
+        op = [waits, ticket = waits->ticket(), op = std::move(op)] {
+          waits->wait(ticket);
+          return op();
+        };
+      }
+    }
     where.queue->push(std::move(op));
     return;
   }
   wait_blocking_streams(where.device);
   if (CUresult r = op(); r != CUDA_SUCCESS) raise_sticky_error(where.device, r);
+}
+
+void submit_wait(const target& where, operation wait) {
+  if (!where.queue) {
+    std::shared_ptr<stream> waits;
+    {
+      lock held = take_lock();
+      waits = legacy_waits(held, where.device, true);
+    }
+    if (waits) {
+      waits->push(std::move(wait));
+      return;
+    }
+  }
+  submit(where, std::move(wait));
 }
 
 void wait_idle(const target& where) {
@@ -177,16 +270,10 @@ TAGMEM_EMU_EXPORT CUresult cuStreamCreate(CUstream* handle, unsigned int flags) 
   TAGMEM_EMU_ENTRY(cuStreamCreate);
   if (handle == nullptr || (flags & ~CU_STREAM_NON_BLOCKING) != 0) return CUDA_ERROR_INVALID_VALUE;
   lock held = take_lock();
-  auto s = std::make_shared<stream>();
-  if (CUresult r = current_device(held, &s->device); r != CUDA_SUCCESS) return r;
-  s->generation = context_generation(held, s->device);
-  s->flags = flags;
-  try {
-    s->worker = std::thread([raw = s.get()] { raw->run(); });
-  } catch (const std::system_error&) {
-    return CUDA_ERROR_OUT_OF_MEMORY;
-  }
-  registry().emplace(s.get(), s);
+  int device = 0;
+  if (CUresult r = current_device(held, &device); r != CUDA_SUCCESS) return r;
+  std::shared_ptr<stream> s = start_stream(held, device, flags);
+  if (!s) return CUDA_ERROR_OUT_OF_MEMORY;
   ++live(held).streams;
   *handle = reinterpret_cast<CUstream>(s.get());
   return CUDA_SUCCESS;
@@ -194,7 +281,7 @@ TAGMEM_EMU_EXPORT CUresult cuStreamCreate(CUstream* handle, unsigned int flags) 
 
 TAGMEM_EMU_EXPORT CUresult cuStreamDestroy(CUstream handle) {
   TAGMEM_EMU_ENTRY(cuStreamDestroy);
-  if (is_null_stream(handle)) return CUDA_ERROR_INVALID_HANDLE;
+  if (is_null_stream(handle) || handle == CU_STREAM_PER_THREAD) return CUDA_ERROR_INVALID_HANDLE;
   lock held = take_lock();
   auto it = registry().find(reinterpret_cast<stream*>(handle));
   if (it == registry().end()) return CUDA_ERROR_INVALID_HANDLE;
