@@ -4,8 +4,17 @@
 #include <limits>
 
 #include "byte_math.hpp"
+#include "driver/driver.hpp"
 
 namespace tagmem {
+
+namespace {
+
+// Note [stream-ordered reuse]: the handles that may mean another stream in another thread.
+bool names_one_stream(CUstream s) { return s != CU_STREAM_PER_THREAD; }
+bool waits_on_host(CUstream s) { return s == nullptr || s == CU_STREAM_LEGACY; }
+
+}  // namespace
 
 bool block_pool::by_size::operator()(const block* a, const block* b) const {
   if (a->stream != b->stream) return std::less<CUstream>()(a->stream, b->stream);
@@ -19,10 +28,32 @@ block_pool::~block_pool() {
   for (auto& [base, s] : segments_) {
     for (block* b = s->first; b;) {
       block* next = b->next;
+      forget_event(b);
       delete b;
       b = next;
     }
     delete s;
+  }
+}
+
+void block_pool::forget_event(block* b) noexcept {
+  if (!b->freed) return;
+  arena_.dev().release_event(b->freed);
+  b->freed = nullptr;
+}
+
+// Note [stream-ordered reuse]: makes `stream` (or the host) wait for the work that used `b`.
+void block_pool::order_reuse(const block* b, CUstream stream) {
+  device& d = arena_.dev();
+  if (b->freed) {
+    if (waits_on_host(stream))
+      TAGMEM_CU(cuEventSynchronize, b->freed);
+    else
+      TAGMEM_CU(cuStreamWaitEvent, stream, b->freed, 0);
+  } else if (waits_on_host(stream)) {
+    d.wait_on_host(b->stream);
+  } else {
+    d.order_after(stream, b->stream);
   }
 }
 
@@ -31,8 +62,9 @@ block* block_pool::take_free(std::size_t size, CUstream stream, bool small) {
   block key;
   key.stream = stream;
   key.size = size;
+  const bool own = names_one_stream(stream);
   auto it = set.lower_bound(&key);
-  if (it == set.end() || (*it)->stream != stream) {
+  if (!own || it == set.end() || (*it)->stream != stream) {
     // Note [stream-ordered reuse]: the best fit among the other streams' cached blocks.
     it = set.end();
     for (auto s = set.begin(); s != set.end();) {
@@ -41,7 +73,7 @@ block* block_pool::take_free(std::size_t size, CUstream stream, bool small) {
       key.size = size;
       key.ptr = 0;
       auto fit = set.lower_bound(&key);
-      if (fit != set.end() && (*fit)->stream == other && other != stream &&
+      if (fit != set.end() && (*fit)->stream == other && (other != stream || !own) &&
           (it == set.end() || (*fit)->size < (*it)->size)) {
         it = fit;
       }
@@ -50,11 +82,14 @@ block* block_pool::take_free(std::size_t size, CUstream stream, bool small) {
       s = set.upper_bound(&key);
     }
     if (it == set.end()) return nullptr;
-    arena_.dev().order_after(stream, (*it)->stream);
+    order_reuse(*it, stream);
   }
   block* b = *it;
   set.erase(it);
-  b->stream = stream;
+  if (own) {
+    forget_event(b);
+    b->stream = stream;
+  }  // else split() gives the stream and event to the remainder (Note [stream-ordered reuse])
   return b;
 }
 
@@ -94,6 +129,8 @@ block* block_pool::split(block* b, std::size_t size) {
   r->ptr = b->ptr + size;
   r->size = rest;
   r->stream = b->stream;
+  r->freed = b->freed;
+  b->freed = nullptr;
   r->seg = b->seg;
   r->prev = b;
   r->next = b->next;
@@ -111,9 +148,10 @@ block* block_pool::allocate(std::size_t size, CUstream stream) {
   block* b = take_free(rounded, stream, small);
   if (!b) {
     b = new_segment(rounded, small);
-    b->stream = stream;
+    if (names_one_stream(stream)) b->stream = stream;  // else no stream: nothing used it yet
   }
   split(b, rounded);
+  forget_event(b);
   b->allocated = true;
   b->requested = size;
   b->seg->live++;
@@ -140,6 +178,18 @@ bool block_pool::free(CUdeviceptr ptr, CUstream stream) {
   auto it = live_.find(ptr);
   if (it == live_.end()) return false;
   block* b = it->second;
+  CUevent freed = nullptr;
+  if (!names_one_stream(stream)) {  // Note [stream-ordered reuse]: record in the freeing thread
+    device& d = arena_.dev();
+    context_guard guard(d.context());
+    freed = d.acquire_event();
+    try {
+      TAGMEM_CU(cuEventRecord, freed, stream);
+    } catch (...) {
+      d.release_event(freed);
+      throw;
+    }
+  }
   live_.erase(it);
   totals_.allocated_bytes -= round_up(b->requested, alignment);
   totals_.requested_bytes -= b->requested;
@@ -147,6 +197,7 @@ bool block_pool::free(CUdeviceptr ptr, CUstream stream) {
   b->allocated = false;
   b->requested = 0;
   b->stream = stream;
+  b->freed = freed;
   b->seg->live--;
   merge_free(b);
   return true;
@@ -154,7 +205,9 @@ bool block_pool::free(CUdeviceptr ptr, CUstream stream) {
 
 void block_pool::merge_free(block* b) {
   free_set& set = b->seg->small ? free_small_ : free_large_;
-  auto mergeable = [&](block* n) { return n && !n->allocated && n->stream == b->stream; };
+  auto mergeable = [&](block* n) {
+    return n && !n->allocated && n->stream == b->stream && !n->freed && !b->freed;
+  };
   if (mergeable(b->prev)) {
     block* p = b->prev;
     set.erase(p);
@@ -180,6 +233,7 @@ void block_pool::erase_segment(segment* s) {
   for (block* b = s->first; b;) {
     block* next = b->next;
     set.erase(b);
+    forget_event(b);
     delete b;
     b = next;
   }

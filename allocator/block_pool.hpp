@@ -10,7 +10,13 @@
 // stream S (its old work and new work are ordered by S). Handing it to another stream T needs T
 // to wait for everything S had queued when the block was freed; since the free happened before
 // the reuse, an event recorded on S at reuse time covers that work, so reuse records one and
-// makes T wait on it. Blocks of different streams never merge.
+// makes T wait on it. An allocation for the NULL (or legacy) stream promises memory usable on any
+// stream, as cudaMalloc's is, so it waits on the host instead. One handle names no single stream:
+// CU_STREAM_PER_THREAD is each thread's own, so a free on it records its event at once, in the
+// freeing thread, and no later allocation counts as the same stream (it waits on that event);
+// and a block taken for CU_STREAM_PER_THREAD leaves any remainder split off it with the stream
+// and event it had, not with a handle that means another stream in the next thread. Blocks of
+// different streams never merge, nor do blocks that hold such an event.
 #pragma once
 
 #include <cuda.h>
@@ -30,6 +36,7 @@ struct block : meta_object {
   std::size_t size = 0;       // bytes of the block (multiple of 256)
   std::size_t requested = 0;  // what the caller asked for, while allocated
   CUstream stream = nullptr;  // the stream that may reuse it at once
+  CUevent freed = nullptr;    // recorded at a free on CU_STREAM_PER_THREAD, while cached
   bool allocated = false;
   segment* seg = nullptr;
   block* prev = nullptr;  // neighbours inside the segment, by address
@@ -68,7 +75,7 @@ class block_pool {
   // The allocated block containing `address`, or nullptr.
   block* find_containing(CUdeviceptr address) const;
   // Returns the live block starting at `ptr` to the cache, reusable at once by `stream`; false
-  // (nothing changed) when no live block starts there.
+  // (nothing changed) when no live block starts there. Throws DRIVER with nothing changed.
   bool free(CUdeviceptr ptr, CUstream stream);
   // Releases the physical memory and virtual space of every mapping whose segments hold no live
   // block. Returns the bytes released. Only valid while every mapping is resident.
@@ -85,6 +92,8 @@ class block_pool {
   using free_set = meta_set<block*, by_size>;
 
   block* take_free(std::size_t size, CUstream stream, bool small);
+  void order_reuse(const block* b, CUstream stream);
+  void forget_event(block* b) noexcept;
   block* new_segment(std::size_t size, bool small);
   block* split(block* b, std::size_t size);
   void merge_free(block* b);

@@ -112,17 +112,27 @@ void device::release_event(CUevent e) noexcept {
   }
 }
 
-void device::order_after(CUstream waiter, CUstream producer) {
-  if (waiter == producer) return;
+// Records an event on `producer` and hands it to `use`; the event goes back to the pool after.
+template <class Use>
+void device::with_recorded(CUstream producer, Use use) {
   CUevent e = acquire_event();
   try {
     TAGMEM_CU(cuEventRecord, e, producer);
-    TAGMEM_CU(cuStreamWaitEvent, waiter, e, 0);
+    use(e);
   } catch (...) {
     release_event(e);
     throw;
   }
   release_event(e);  // a recorded event may be re-recorded once the wait is enqueued
+}
+
+void device::order_after(CUstream waiter, CUstream producer) {
+  if (waiter == producer) return;
+  with_recorded(producer, [&](CUevent e) { TAGMEM_CU(cuStreamWaitEvent, waiter, e, 0); });
+}
+
+void device::wait_on_host(CUstream producer) {
+  with_recorded(producer, [](CUevent e) { TAGMEM_CU(cuEventSynchronize, e); });
 }
 
 void device::memory_info(std::size_t* free_bytes, std::size_t* total_bytes) {

@@ -43,6 +43,8 @@ class device {
 
   // Makes `waiter` wait for all work queued on `producer` so far. No-op when they are equal.
   void order_after(CUstream waiter, CUstream producer);
+  // Blocks the calling thread until all work queued on `producer` so far has finished.
+  void wait_on_host(CUstream producer);
 
   // free and total device memory, as the driver reports them now.
   void memory_info(std::size_t* free_bytes, std::size_t* total_bytes);
@@ -52,6 +54,9 @@ class device {
   release_queue& releases() noexcept { return releases_; }
 
  private:
+  template <class Use>
+  void with_recorded(CUstream producer, Use use);
+
   int ordinal_;
   CUdevice dev_ = 0;
   CUcontext context_ = nullptr;

@@ -6,7 +6,7 @@
 # 2. The state-machine fuzzer, built in the same tree, for TAGMEM_FUZZ_SECONDS (120); then the
 #    rendezvous message fuzzer for TAGMEM_RDV_FUZZ_SECONDS (60).
 # 3. ThreadSanitizer build: the threaded tests (Threads.*, Release.*, EmulatorRelease.*, background
-#    pinning, Stress.*, EmulatorStress.*).
+#    pinning, StreamReuse.*, Stress.*, EmulatorStress.*).
 # Any failing test, any sanitizer report (also one that a test somehow survived) and any fuzzer
 # finding fails the script. Build trees go under <build-root> (default: build-san/ in the repo).
 #
@@ -168,10 +168,10 @@ if [[ ",$skip," != *",tsan,"* ]]; then
   export TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1
   export TAGMEM_LIBCUDA=$tsan/allocator/driver/emu/libtagmem_emu.so
   log=$tsan/threads.log
-  # The core suite's threaded tests: Threads.*, the release thread (Release.*, EmulatorRelease.*)
-  # and background pinning.
+  # The core suite's threaded tests: Threads.*, the release thread (Release.*, EmulatorRelease.*),
+  # background pinning and reuse across threads' per-thread streams (StreamReuse.*).
   if "$tsan/tests/core/tagmem_core_tests" \
-       --gtest_filter='Threads*:Release*:EmulatorRelease*:EmulatorPipeline.HostStorePins*' \
+       --gtest_filter='Threads*:Release*:EmulatorRelease*:EmulatorPipeline.HostStorePins*:StreamReuse*' \
        >"$log" 2>&1 &&
      "$tsan/tests/stress/tagmem_stress_tests" --gtest_filter='Stress*:EmulatorStress*' >>"$log" 2>&1 &&
      scan "$log"; then

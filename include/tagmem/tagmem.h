@@ -181,7 +181,11 @@ TAGMEM_API const char* tagmem_current_tag(void);
 
 /* Allocates `size` bytes in the current tag on `device`, for use on `stream`; *ptr is aligned to
  * at least 256 bytes. Memory freed earlier on `stream` is reused at once; memory freed on another
- * stream is reused only after `stream` is made to wait for that stream's work.
+ * stream is reused only after `stream` is made to wait for that stream's work. With a NULL stream
+ * (or CU_STREAM_LEGACY) the memory is usable on any stream when the call returns, as cudaMalloc's
+ * is: reusing memory freed on another stream first waits on the host for the work that stream had
+ * queued at the free. CU_STREAM_PER_THREAD is another stream in each thread, so memory freed on it
+ * always counts as freed on another stream.
  * Errors: INVALID_ARGUMENT (null ptr, size 0 or larger than the device), TAG_OFFLOADED,
  * OUT_OF_MEMORY, DRIVER. On failure *ptr is NULL. */
 TAGMEM_API tagmem_status tagmem_malloc(void** ptr, size_t size, int device, tagmem_stream stream);
@@ -191,9 +195,11 @@ TAGMEM_API tagmem_status tagmem_malloc_tagged(void** ptr, size_t size, const cha
                                               tagmem_stream stream);
 
 /* Frees an allocation made by tagmem. The memory may be reused by `stream` at once and by other
- * streams once the work queued on `stream` before this call has finished. Freeing in an offloaded
- * tag is allowed (bookkeeping only). Errors: UNKNOWN_POINTER (never allocated, already freed, or
- * not the start of an allocation). */
+ * streams once the work queued on `stream` before this call has finished; with
+ * CU_STREAM_PER_THREAD (the calling thread's stream) only after that work, on any stream. Freeing
+ * in an offloaded tag is allowed (bookkeeping only). Errors: UNKNOWN_POINTER (never allocated,
+ * already freed, or not the start of an allocation), DRIVER (recording the point of a free on
+ * CU_STREAM_PER_THREAD failed; nothing is freed). */
 TAGMEM_API tagmem_status tagmem_free(void* ptr, tagmem_stream stream);
 
 /* Reports which tag and device own `ptr` (any address inside a live allocation) and the

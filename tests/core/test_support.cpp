@@ -60,6 +60,8 @@ std::vector<unsigned char> random_bytes(std::mt19937_64& rng, std::size_t n) {
   return v;
 }
 
+void use_primary_context() { primary_context(); }
+
 void write_device(void* dst, const void* src, std::size_t n) {
   primary_context();
   driver::check(driver::api().cuMemcpyHtoD(reinterpret_cast<CUdeviceptr>(dst), src, n),

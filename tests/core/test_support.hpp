@@ -46,6 +46,9 @@ bool using_emulator();
 std::mt19937_64 rng_for_test();
 std::vector<unsigned char> random_bytes(std::mt19937_64& rng, std::size_t n);
 
+// Makes device 0's primary context current on the calling thread (for direct driver calls).
+void use_primary_context();
+
 // Synchronous copies through the driver, with device 0's primary context current.
 void write_device(void* dst, const void* src, std::size_t n);
 void read_device(void* dst, const void* src, std::size_t n);
