@@ -21,8 +21,10 @@
 // allocation and the runtime's current device — and frees only once they are idle; if a wait
 // fails (a sticky error), the memory is not freed and the error is returned, as cudaFree
 // returns errors of earlier asynchronous work. cudaFreeAsync is stream-ordered in CUDA too, and
-// tagmem_free(ptr, stream) gives exactly that order. cudaFreeHost is not interposed (pinned
-// host memory stays the runtime's), so it keeps CUDA's own behaviour.
+// tagmem_free(ptr, stream) gives exactly that order; a later cudaMalloc (the legacy stream) that
+// reuses such memory waits on the host for that stream's work, so its result is usable on any
+// stream, as CUDA's is (Note [stream-ordered reuse] in block_pool.hpp). cudaFreeHost is not
+// interposed (pinned host memory stays the runtime's), so it keeps CUDA's own behaviour.
 //
 // Errors keep the runtime's vocabulary: out of memory (also a tag that is offloaded, which a
 // caching allocator such as PyTorch's treats like any out-of-memory) is
