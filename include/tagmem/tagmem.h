@@ -184,8 +184,9 @@ TAGMEM_API const char* tagmem_current_tag(void);
  * stream is reused only after `stream` is made to wait for that stream's work. With a NULL stream
  * (or CU_STREAM_LEGACY) the memory is usable on any stream when the call returns, as cudaMalloc's
  * is: reusing memory freed on another stream first waits on the host for the work that stream had
- * queued at the free. CU_STREAM_PER_THREAD is another stream in each thread, so memory freed on it
- * always counts as freed on another stream.
+ * queued at the free (memory freed on the NULL stream itself is still reused at once, ordered
+ * only on that stream). CU_STREAM_PER_THREAD is another stream in each thread, so memory freed on
+ * it always counts as freed on another stream.
  * Errors: INVALID_ARGUMENT (null ptr, size 0 or larger than the device), TAG_OFFLOADED,
  * OUT_OF_MEMORY, DRIVER. On failure *ptr is NULL. */
 TAGMEM_API tagmem_status tagmem_malloc(void** ptr, size_t size, int device, tagmem_stream stream);
