@@ -16,30 +16,26 @@
 
 #include "test_support.hpp"
 
-namespace {
-bool g_forked_child = false;
-}  // namespace
-
-// LeakSanitizer's hook: a forked child abandons the parent's tagmem on purpose (Note [fork]), and
-// what only the parent's threads referenced would be reported as leaked at its exit.
-extern "C" int __lsan_is_turned_off() { return g_forked_child; }
-
 namespace tagmem::test {
 namespace {
 
 constexpr std::size_t MiB = 1u << 20;
 
-// Runs `child` in a forked process, which leaves with std::exit (static destructors and all) and
-// the count of failed checks as its status. Returns a description of how it ended ("" when it
-// exited 0); a child that outlives `bound` is killed with SIGKILL.
+// Runs `child` in a forked process, which leaves with _exit and the count of failed checks as its
+// status. _exit, as a forked child of a multithreaded program should (Python's multiprocessing
+// does the same): std::exit would run every library's exit handlers in a copy that has lost
+// their threads, and on the H200 such a child died of SIGSEGV in exit after an earlier test of
+// the process had used per-thread default streams. Returns a description of how it ended ("" when
+// it exited 0); a child that outlives `bound` is killed with SIGKILL.
 std::string run_forked(const std::function<int()>& child,
                        std::chrono::seconds bound = std::chrono::seconds(60)) {
   std::fflush(nullptr);
   pid_t pid = fork();
   if (pid < 0) return std::string("fork failed: ") + std::strerror(errno);
   if (pid == 0) {
-    g_forked_child = true;
-    std::exit(child());
+    const int failed = child();
+    std::fflush(nullptr);
+    _exit(failed);
   }
   const auto deadline = std::chrono::steady_clock::now() + bound;
   int status = 0;
