@@ -15,15 +15,26 @@ $sudo apt-get install -y -qq --no-install-recommends \
   python3 python3-pytest python3-venv python3-pip python3-setuptools python3-wheel >/dev/null
 
 jobs=$(nproc)
+logs=$(mktemp -d)
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo
 cmake --build build -j "$jobs"
-(cd build && ctest -L emu --output-on-failure -j "$jobs" --timeout 900)
+(cd build && ctest -L emu --output-on-failure -j "$jobs" --timeout 900) | tee "$logs/emu.log"
 
 # Installs as the README describes them (library-only build, cmake --install and a consumer
 # project, pip in a fresh virtual environment), and `ctest -L gpu` here: skipped, not failed.
-bash tests/install/check.sh build
+bash tests/install/check.sh build | tee "$logs/install.log"
 
 # Sanitizers and the bounded fuzzer run (see docs/reliability.md).
-if [ -f tests/sanitizers.sh ]; then
-  bash tests/sanitizers.sh
-fi
+bash tests/sanitizers.sh | tee "$logs/sanitizers.log"
+
+# One closing line for the whole run: every stage above passed (set -e and pipefail stop at the
+# first failure), so "passed" is what each stage ran and "skipped" the GPU tests this machine
+# cannot run.
+out_of() { sed -nE "s/^$1.* tests failed out of ([0-9]+).*/\1/p" "$2" | tail -1; }
+emu=$(out_of "100% tests passed" "$logs/emu.log")
+gpu_skipped=$(grep -Ec "Test +#[0-9]+: .*Skipped" "$logs/install.log" || true)
+asan=$(out_of "asan\+ubsan: 100% tests passed" "$logs/sanitizers.log")
+tsan=$(sed -nE 's/^tsan: ([0-9]+) threaded tests passed.*/\1/p' "$logs/sanitizers.log")
+fuzzers=$(grep -Ec '^(fuzzer|rendezvous fuzzer): stat::' "$logs/sanitizers.log" || true)
+echo "emu ${emu:-0}, install checks 1, asan+ubsan ${asan:-0}, tsan ${tsan:-0}, fuzzers ${fuzzers:-0}; GPU tests skipped ${gpu_skipped:-0}"
+echo "ci: $(( ${emu:-0} + 1 + ${asan:-0} + ${tsan:-0} + ${fuzzers:-0} )) passed, 0 failed, ${gpu_skipped:-0} skipped"
