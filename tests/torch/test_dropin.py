@@ -374,8 +374,37 @@ def test_vllm_plugin_entry_point_installs_only_when_asked(monkeypatch):
 
     monkeypatch.delitem(sys.modules, tv.MODULE, raising=False)
     monkeypatch.delenv(tv.ENABLE_VARIABLE, raising=False)
-    backend = tv.register()
-    assert not tv.installed() and backend.name == "tagmem"
+    tv.register()
+    assert not tv.installed() and not tv.SleepBackend.is_supported()
     monkeypatch.setenv(tv.ENABLE_VARIABLE, "1")
     tv.register()
-    assert tv.installed()
+    assert tv.installed() and tv.SleepBackend.is_supported()
+
+
+def test_vllm_plugin_registers_the_sleep_backend_vllm_selects_by_name():
+    # vLLM's registry refuses a name registered twice, and plugins load more than once per
+    # process: register() must be idempotent. Without TAGMEM_AS_VLLM_CUMEM the backend is
+    # registered but reports itself unsupported (the weights would not be in tagmem's tags).
+    code = """
+        import json, types
+        import tagmem.compat.vllm as tv
+        from vllm.device_allocator import sleep_mode_backend as smb
+        out = [tv.register(), tv.register()]
+        config = types.SimpleNamespace(sleep_mode_backend="tagmem")
+        try:
+            backend = smb.SleepModeBackendFactory.create_backend(config)
+            out += [type(backend) is tv.SleepBackend, isinstance(backend, smb.SleepModeBackend),
+                    backend.state(), backend.preserves_communicators(), tv.installed()]
+        except ValueError as e:
+            out.append(str(e))
+        print(json.dumps(out))
+        """
+    env = {"PYTHONPATH": f"{STANDINS}:{PACKAGE}"}
+    enabled = run_python(code, dict(env, TAGMEM_AS_VLLM_CUMEM="1"))
+    assert enabled == [True, True, True, True, "RUNNING", True, True]
+    disabled = run_python(code, dict(env, TAGMEM_AS_VLLM_CUMEM=None))
+    assert disabled == [True, True, "Sleep-mode backend 'tagmem' is not supported on this platform."]
+    without_registry = run_python(
+        "import json, tagmem.compat.vllm as tv; print(json.dumps(tv.register()))", {"PYTHONPATH": PACKAGE}
+    )
+    assert without_registry is False
