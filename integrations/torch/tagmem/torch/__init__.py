@@ -18,7 +18,7 @@ import ctypes
 import torch
 
 from .. import _api, _entry_points, _errors
-from ._global import install, installed
+from ._global import full_support, install, installed, joined_frees
 from ._pools import device_index, empty_cache, pool, tag
 
 BACKUP = _api.BACKUP
@@ -115,9 +115,11 @@ __all__ = [
     "DISCARD",
     "device_index",
     "empty_cache",
+    "full_support",
     "host_tensor",
     "install",
     "installed",
+    "joined_frees",
     "last_allocation_failure",
     "offload",
     "pool",
