@@ -44,6 +44,15 @@ bool join_after(cudaStream_t join, cudaStream_t s) {
   return ok;
 }
 
+bool capturing(cudaStream_t s) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(s, &status) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  return status != cudaStreamCaptureStatusNone;
+}
+
 }  // namespace
 
 void record_stream(void* ptr, cudaStream_t stream) {
@@ -69,7 +78,12 @@ int free_after_recorded_streams(void* ptr, int device, cudaStream_t stream) {
       }
     }
     recorded.erase(std::remove(recorded.begin(), recorded.end(), stream), recorded.end());
-    if (recorded.empty()) return tagmem_free(ptr, reinterpret_cast<tagmem_stream>(stream));
+    // Joining a stream under graph capture would pull the join stream into the capture; global
+    // mode does not support capture anyway, so such a free stays ordered on `stream` alone.
+    if (recorded.empty() || capturing(stream) ||
+        std::any_of(recorded.begin(), recorded.end(), capturing)) {
+      return tagmem_free(ptr, reinterpret_cast<tagmem_stream>(stream));
+    }
     int current = -1;
     cudaGetDevice(&current);
     if (current != device) cudaSetDevice(device);

@@ -9,7 +9,9 @@
 // of a block with recorded streams is made on a per-device join stream J that first waits (events
 // recorded at the free) for the freeing stream and every recorded stream: every later reuse waits
 // for all of them, on the device, and no application stream gains a dependency. Nobody allocates
-// on J, so nothing reuses such a block "at once".
+// on J, so nothing reuses such a block "at once". A free while one of those streams is being
+// captured into a CUDA graph is ordered on the freeing stream alone (joining would pull J into
+// the capture; global mode gives graphs no private pool anyway).
 #pragma once
 
 #include <cuda_runtime_api.h>

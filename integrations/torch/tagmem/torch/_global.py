@@ -45,7 +45,14 @@ def libtorch_library():
 
 def _install_libtorch(path):
     _lib.lib()  # first, so the library binds to the libtagmem this package uses
-    handle = ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
+    try:
+        handle = ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
+    except OSError as e:  # typically built against another PyTorch
+        raise _errors.error_for(
+            1,
+            f"tagmem.torch.install(): {path} could not be loaded ({e}); rebuild it against this "
+            "PyTorch, or set TAGMEM_LIBTORCH_LIBRARY=none for the bare pluggable allocator",
+        ) from e
     handle.tagmem_libtorch_install.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
     handle.tagmem_libtorch_install.restype = ctypes.c_int
     message = ctypes.create_string_buffer(1024)
