@@ -155,7 +155,7 @@ else
       "$WORK/libtorch/tagmem_libtorch_test" &&
       "$WORK/libtorch/tagmem_libtorch_test" late &&
       "$WORK/libtorch/tagmem_libtorch_test" record &&
-      TAGMEM_TORCH_RECORD_STREAM=0 "$WORK/libtorch/tagmem_libtorch_test" record overwritten
+      "$WORK/libtorch/tagmem_libtorch_test" record untracked
   }
   # Before pytest-gpu: Python's global mode loads the library this builds (record streams,
   # memory_stats, empty_cache; test_gpu_record_stream.py needs it).

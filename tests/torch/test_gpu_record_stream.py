@@ -2,7 +2,7 @@
 a tensor used on a busy side stream, recorded there and freed, must not have its memory handed to
 a new tensor before the side stream's work is done. Each case runs in a fresh process (global mode
 must be installed before CUDA initialises). The same case with the hook switched off
-(TAGMEM_TORCH_RECORD_STREAM=0) must see the new tensor overwritten, which shows the check can fail.
+(TAGMEM_TORCH_RECORD_STREAMS=off) must see the new tensor overwritten, which shows the check can fail.
 
 Needs PyTorch, a CUDA GPU and TAGMEM_LIBTORCH_LIBRARY (gpu_run.sh's libtorch step sets it).
 """
@@ -67,6 +67,6 @@ def test_memory_of_a_tensor_recorded_on_a_busy_stream_is_not_reused_before_that_
 
 
 def test_without_the_hook_the_busy_stream_overwrites_the_new_tensor():
-    out = run_case(102, TAGMEM_TORCH_RECORD_STREAM="0")
+    out = run_case(102, TAGMEM_TORCH_RECORD_STREAMS="off")
     assert out["joined_frees"] == 0
     assert out["differing"] > 0, "untracked, the side stream's late write should have landed"

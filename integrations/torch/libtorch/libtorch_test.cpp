@@ -3,11 +3,11 @@
 //
 // Usage: tagmem_libtorch_test           the main test (install() first, then CUDA tensors)
 //        tagmem_libtorch_test late      install() after CUDA initialised must throw api_error
-//        tagmem_libtorch_test record [overwritten]
+//        tagmem_libtorch_test record [untracked]
 //            a tensor recorded on a busy side stream is freed and its memory allocated again:
-//            the new bytes must survive the side stream's late write (with
-//            TAGMEM_TORCH_RECORD_STREAM=0 and "overwritten": they must not, which shows the test
-//            can fail)
+//            the new bytes must survive the side stream's late write (with "untracked", installed
+//            without record-stream tracking: they must be overwritten, which shows the test can
+//            fail)
 // Exits non-zero if any check fails; each check prints PASS or FAIL with what it compared.
 #include <ATen/cuda/Sleep.h>
 #include <c10/cuda/CUDACachingAllocator.h>
@@ -60,7 +60,7 @@ int late() {
 // stream's work before the memory is handed out, so the random bytes copied into y survive;
 // untracked, the side stream's late write lands on them.
 int record(bool expect_overwritten) {
-  tagmem::libtorch::install();
+  tagmem::libtorch::install(/*track_record_streams=*/!expect_overwritten);
   const int64_t n = 64 << 20;
   const auto opts = torch::TensorOptions().device(torch::kCUDA).dtype(torch::kUInt8);
   torch::manual_seed(4321);
@@ -97,7 +97,7 @@ int record(bool expect_overwritten) {
 int main(int argc, char** argv) {
   if (argc > 1 && std::strcmp(argv[1], "late") == 0) return late();
   if (argc > 1 && std::strcmp(argv[1], "record") == 0) {
-    return record(argc > 2 && std::strcmp(argv[2], "overwritten") == 0);
+    return record(argc > 2 && std::strcmp(argv[2], "untracked") == 0);
   }
 
   tagmem::libtorch::install();

@@ -17,7 +17,6 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <mutex>
@@ -113,13 +112,6 @@ void empty_caches() {
   }
 }
 
-// TAGMEM_TORCH_RECORD_STREAM=0 leaves recordStream untracked, as PyTorch's bare pluggable
-// allocator does: for comparing, and for tests that show the hook matters.
-bool record_streams_wanted() {
-  const char* v = std::getenv("TAGMEM_TORCH_RECORD_STREAM");
-  return v == nullptr || std::strcmp(v, "0") != 0;
-}
-
 template <class Stat>
 void fill(Stat& s, const counter& c) {
   s.current = c.current.load();
@@ -184,7 +176,7 @@ class allocator final : public pluggable {
 
 }  // namespace
 
-void install() {
+void install(bool track_record_streams) {
   std::lock_guard lock(g_mutex);
   if (g_installed.load()) return;
   auto* current = c10::cuda::CUDACachingAllocator::get();
@@ -195,7 +187,7 @@ void install() {
                     "allocator is already in use");
   }
   auto a = std::make_shared<allocator>(allocate, deallocate);
-  if (record_streams_wanted()) a->set_record_stream_fn(record_stream);
+  if (track_record_streams) a->set_record_stream_fn(record_stream);
   a->set_reset_fn(empty_caches);
   a->init(0);  // as createCustomAllocator does
   torch::cuda::CUDAPluggableAllocator::changeCurrentAllocator(a);
@@ -206,7 +198,7 @@ bool installed() noexcept { return g_installed.load(); }
 
 }  // namespace tagmem::libtorch
 
-extern "C" int tagmem_libtorch_install(char* message, size_t length) {
+extern "C" int tagmem_libtorch_install(int track_record_streams, char* message, size_t length) {
   auto report = [&](const char* text) {
     if (message != nullptr && length > 0) {
       std::strncpy(message, text, length - 1);
@@ -214,7 +206,7 @@ extern "C" int tagmem_libtorch_install(char* message, size_t length) {
     }
   };
   try {
-    tagmem::libtorch::install();
+    tagmem::libtorch::install(track_record_streams != 0);
     return TAGMEM_SUCCESS;
   } catch (const tagmem::api_error& e) {
     report(e.what());

@@ -18,11 +18,12 @@
 // max_memory_allocated(), reset_peak_memory_stats()) reports allocations, allocated/active/
 // requested bytes and tagmem's reserved bytes; per-pool (small/large) breakdowns, segment counts
 // and inactive splits read 0. memory snapshots, cacheInfo and recordHistory still throw (PyTorch's
-// pluggable allocator has no hook for them). TAGMEM_TORCH_RECORD_STREAM=0 turns the record-stream
-// tracking off.
+// pluggable allocator has no hook for them). install(false) leaves recordStream untracked, as
+// PyTorch's bare pluggable allocator does (for comparison, and for tests that show it matters).
 //
 // Also callable from C (Python's tagmem.torch.install() uses it when this library is found):
-//   int tagmem_libtorch_install(char* message, size_t length);  // tagmem_status; message on error
+//   int tagmem_libtorch_install(int track_record_streams, char* message, size_t length);
+//       // tagmem_status; the message on error
 //   size_t tagmem_libtorch_joined_frees(void);  // frees so far that waited for recorded streams
 #pragma once
 
@@ -31,7 +32,7 @@
 namespace tagmem::libtorch {
 
 // Routes every CUDA allocation of the process through tagmem (see above). Thread-safe.
-void install();
+void install(bool track_record_streams = true);
 
 // Whether install() has run in this process.
 bool installed() noexcept;

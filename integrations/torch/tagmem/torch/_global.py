@@ -6,8 +6,9 @@ thread's tag scope (tagmem.tag / tagmem.torch.tag), "default" outside any scope.
 - through libtagmem_libtorch.so (integrations/torch/libtorch, built against this PyTorch), when
   it is found: TAGMEM_LIBTORCH_LIBRARY (``none``: never), else tagmem/lib/libtagmem_libtorch.so
   (setup.py copies it from a build configured with -DTAGMEM_BUILD_LIBTORCH=ON). Its allocator
-  tracks tensor.record_stream(), answers torch.cuda.memory_stats() and lets
-  torch.cuda.empty_cache() reach tagmem (see libtorch/tagmem_libtorch.hpp);
+  tracks tensor.record_stream() (TAGMEM_TORCH_RECORD_STREAMS=off: not), answers
+  torch.cuda.memory_stats() and lets torch.cuda.empty_cache() reach tagmem (see
+  libtorch/tagmem_libtorch.hpp);
 - otherwise through torch.cuda.memory.CUDAPluggableAllocator over libtagmem_torch_alloc.so, which
   needs no build against PyTorch but has none of the three (docs/torch.md lists what remains).
 
@@ -43,6 +44,13 @@ def libtorch_library():
     return packaged if os.path.exists(packaged) else None
 
 
+def _record_streams():
+    value = os.environ.get("TAGMEM_TORCH_RECORD_STREAMS", "on")
+    if value not in ("on", "off"):
+        raise _errors.error_for(1, f"TAGMEM_TORCH_RECORD_STREAMS={value!r}: expected on or off")
+    return 1 if value == "on" else 0
+
+
 def _install_libtorch(path):
     _lib.lib()  # first, so the library binds to the libtagmem this package uses
     try:
@@ -53,10 +61,10 @@ def _install_libtorch(path):
             f"tagmem.torch.install(): {path} could not be loaded ({e}); rebuild it against this "
             "PyTorch, or set TAGMEM_LIBTORCH_LIBRARY=none for the bare pluggable allocator",
         ) from e
-    handle.tagmem_libtorch_install.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
+    handle.tagmem_libtorch_install.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t]
     handle.tagmem_libtorch_install.restype = ctypes.c_int
     message = ctypes.create_string_buffer(1024)
-    status = handle.tagmem_libtorch_install(message, len(message))
+    status = handle.tagmem_libtorch_install(_record_streams(), message, len(message))
     if status != 0:
         raise _errors.error_for(status, f"tagmem.torch.install() ({path}): {message.value.decode()}")
     return handle
