@@ -29,7 +29,6 @@ listed in docs/torch.md (disk backup raises NotImplementedError).
 """
 
 import contextlib
-import ctypes
 import threading
 import warnings
 
@@ -262,22 +261,11 @@ class _Impl:
 def _kept_backup(x, zero_copy):
     """The backup a retaining resume kept for active `x` (its bytes at the last pause), or None
     when there is none (never retained, or the tag allocated or freed since)."""
-    nbytes = x.numel() * x.element_size()
     try:
-        pieces = _api.host_pieces(x.data_ptr(), nbytes)
+        pieces = _api.host_pieces(x.data_ptr(), x.numel() * x.element_size())
     except _errors.TagResidentError:
         return None
-    torch = _torch()
-    if zero_copy and len(pieces) == 1:
-        address, n = pieces[0]
-        out = torch.frombuffer((ctypes.c_uint8 * n).from_address(address), dtype=torch.uint8)
-    else:
-        out = torch.empty(nbytes, dtype=torch.uint8)
-        at = out.data_ptr()
-        for address, n in pieces:
-            ctypes.memmove(at, address, n)
-            at += n
-    return out.view(x.dtype).view(x.shape)
+    return _tt().tensor_over_pieces(pieces, x, copy=not (zero_copy and len(pieces) == 1))
 
 
 class TorchMemorySaver:
