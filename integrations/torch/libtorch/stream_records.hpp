@@ -8,7 +8,8 @@
 // for the work F had queued at the free (block_pool.hpp, Note [stream-ordered reuse]). So a free
 // of a block with recorded streams is made on a per-device join stream J that first waits (events
 // recorded at the free) for the freeing stream and every recorded stream: every later reuse waits
-// for all of them, on the device, and no application stream gains a dependency. Nobody allocates
+// for all of them (on the device; on the host for the legacy default stream, as tagmem's
+// NULL-stream allocations do), and no application stream gains a dependency. Nobody allocates
 // on J, so nothing reuses such a block "at once". A free while one of those streams is being
 // captured into a CUDA graph is ordered on the freeing stream alone (joining would pull J into
 // the capture; global mode gives graphs no private pool anyway).
