@@ -55,8 +55,11 @@ class pipeline {
   bool out_left() const noexcept { return out_at_ < outs_.size(); }
   bool in_open() const noexcept { return !in_error_ && in_at_ < ins_.size(); }
 
+  // What unmap_next does while the next out-mapping's copies are still running.
+  enum class pending_copies { give_up, wait };
+
   void queue_out_copies();
-  bool unmap_next(bool block);
+  bool unmap_next(pending_copies pending);
   void start(outgoing& o);
   void commit(outgoing& o);
   void restore_outs() noexcept;
@@ -100,9 +103,9 @@ void pipeline::queue_out_copies() {
   }
 }
 
-// Unmaps the next out-mapping if its copies have finished (waiting for them when `block`), or
-// commits the current out-tag when it has none left. Returns whether it did either.
-bool pipeline::unmap_next(bool block) {
+// Unmaps the next out-mapping once its copies have finished, or commits the current out-tag when
+// it has none left. Returns whether it did either.
+bool pipeline::unmap_next(pending_copies pending) {
   outgoing& o = outs_[out_at_];
   if (o.next_map == o.maps.size()) {
     if (!o.started) start(o);
@@ -114,7 +117,7 @@ bool pipeline::unmap_next(bool block) {
   const auto& api = driver::api();
   for (; o.waited < m.pieces_end; ++o.waited) {
     CUevent e = o.done[o.waited];
-    if (block) {
+    if (pending == pending_copies::wait) {
       TAGMEM_CU(cuEventSynchronize, e);
     } else {
       CUresult r = api.cuEventQuery(e);
@@ -127,7 +130,7 @@ bool pipeline::unmap_next(bool block) {
   // (Note [background release]), and so does a swap unless TAGMEM_SWAP_RELEASE=inline.
   const bool later = mode_ == TAGMEM_DISCARD ? cfg_.background_release
                                              : !ins_.empty() && cfg_.swap_background_release;
-  o.t->arena().unmap(m.va, later);
+  o.t->arena().unmap(m.va, later ? release_timing::background : release_timing::now);
   ++o.next_map;
   budget_ += m.size;
   return true;
@@ -142,12 +145,12 @@ void pipeline::start(outgoing& o) {
             [](const backup_piece& a, const backup_piece& b) { return a.dev < b.dev; });
   t.extents().insert(t.extents().end(), o.extents.begin(), o.extents.end());
   o.extents.clear();
-  t.set_offloaded(mode_, true);
+  t.set_partially_offloaded(mode_);
   o.started = true;
 }
 
 void pipeline::commit(outgoing& o) {
-  o.t->set_offloaded(mode_, false);
+  o.t->set_offloaded(mode_);
   o.t->counters().offload_count++;
   o.t->counters().bytes_offloaded += mode_ == TAGMEM_BACKUP ? o.bytes : 0;
 }
@@ -170,7 +173,7 @@ void pipeline::restore_outs() noexcept {
     }
     try {
       keep_offloaded_pieces(*o.t);
-      o.t->set_offloaded(o.t->mode(), true);
+      o.t->set_partially_offloaded(o.t->mode());
       back.push_back(o.t);
     } catch (...) {  // no memory for records: the tag stays partial with every piece
     }
@@ -317,11 +320,11 @@ void pipeline::run(tag* const* outs, std::size_t out_count, tag* const* ins, std
   try {
     while (out_left() || in_open()) {
       bool progress = false;
-      while (out_left() && unmap_next(false)) progress = true;
+      while (out_left() && unmap_next(pending_copies::give_up)) progress = true;
       while (in_open() && map_next()) progress = true;
       if (!progress) {
         if (!out_left()) break;  // the in side stopped on a failure
-        unmap_next(true);
+        unmap_next(pending_copies::wait);
       }
     }
   } catch (...) {

@@ -60,7 +60,8 @@ class tag : public meta_object {
   meta_vector<backup_piece>& pieces() noexcept { return pieces_; }
   meta_vector<host_extent>& extents() noexcept { return extents_; }
   std::size_t host_bytes() const noexcept;
-  void set_offloaded(tagmem_offload_mode mode, bool partial) noexcept;
+  void set_offloaded(tagmem_offload_mode mode) noexcept;
+  void set_partially_offloaded(tagmem_offload_mode mode) noexcept;  // see partial()
   void set_resident() noexcept;
 
   // Keeping the backup across a reload (backup_retention.hpp): the flag the caller set, and

@@ -143,7 +143,7 @@ void vm_arena::map_new(CUdeviceptr va, std::size_t bytes) {
   mapped_bytes_ += bytes;
 }
 
-void vm_arena::unmap(CUdeviceptr va, bool in_background) {
+void vm_arena::unmap(CUdeviceptr va, release_timing when) {
   auto it = mappings_.find(va);
   TAGMEM_ASSERT(it != mappings_.end() && it->second.resident);
   mapping& m = it->second;
@@ -156,7 +156,7 @@ void vm_arena::unmap(CUdeviceptr va, bool in_background) {
   mapped_bytes_ -= m.size;
   CUmemGenericAllocationHandle h = m.handle;
   m.handle = 0;
-  if (in_background) {
+  if (when == release_timing::background) {
     try {
       dev_.releases().push(h, m.size);
       return;

@@ -20,6 +20,12 @@ namespace tagmem {
 
 class tag;
 
+// When unmap() gives a mapping's physical memory back to the driver.
+enum class release_timing {
+  now,         // cuMemRelease in the caller
+  background,  // left to the device's release queue (Note [background release])
+};
+
 struct mapping {
   std::size_t size = 0;
   CUmemGenericAllocationHandle handle = 0;  // valid while resident
@@ -42,9 +48,9 @@ class vm_arena {
   void map_new(CUdeviceptr va, std::size_t bytes);
   // Unmaps and releases the resident mapping at `va`; the record stays, not resident. Throws
   // with nothing changed if cuMemUnmap fails. If only cuMemRelease fails, the mapping is gone
-  // (not resident) and the error is thrown; see Note [release later]. With `in_background`, the
-  // release is left to the device's release queue (Note [background release]).
-  void unmap(CUdeviceptr va, bool in_background = false);
+  // (not resident) and the error is thrown; see Note [release later]. `when` says who releases
+  // the memory (release_timing).
+  void unmap(CUdeviceptr va, release_timing when = release_timing::now);
   // Releases handles whose cuMemRelease failed earlier and that the release queue could not take
   // (Note [release later]); keeps those that fail again.
   void release_unreleased() noexcept;
@@ -56,6 +62,7 @@ class vm_arena {
   void adopt(CUdeviceptr va, std::size_t bytes, CUmemGenericAllocationHandle handle);
 
   meta_map<CUdeviceptr, mapping>& mappings() noexcept { return mappings_; }
+  const meta_map<CUdeviceptr, mapping>& mappings() const noexcept { return mappings_; }
   std::size_t mapped_bytes() const noexcept { return mapped_bytes_; }
   std::size_t virtual_bytes() const noexcept { return virtual_bytes_; }
   device& dev() noexcept { return dev_; }
