@@ -6,6 +6,7 @@
 #include <mutex>
 
 #include "driver/driver.hpp"
+#include "observe/log.hpp"
 #include "offload_engine.hpp"
 
 namespace tagmem {
@@ -24,6 +25,7 @@ void check_tag_name(const char* name) {
 }
 
 registry::registry(const config& cfg) : cfg_(cfg) {
+  configure_observation();  // TAGMEM_LOG, TAGMEM_TRACE
   set_metadata_allocator(cfg_.metadata);
   driver::load();
   TAGMEM_CU(cuDeviceGetCount, &device_count_);

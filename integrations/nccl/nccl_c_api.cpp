@@ -8,6 +8,7 @@
 #include "c_error.hpp"
 #include "collective.hpp"
 #include "error.hpp"
+#include "step_log.hpp"
 #include "tagmem/tagmem_nccl.h"
 
 namespace {
@@ -36,13 +37,19 @@ tagmem_status nccl_guarded(F&& body) noexcept {
 extern "C" {
 
 tagmem_status tagmem_nccl_pause(const char* group, int rank, int size, int timeout_ms) {
-  return nccl_guarded(
-      [&] { tagmem::nccl::pause(tagmem::nccl::resolve_spec(group, rank, size, timeout_ms)); });
+  return nccl_guarded([&] {
+    tagmem::nccl::logged_step(false, group, rank, [&] {
+      tagmem::nccl::pause(tagmem::nccl::resolve_spec(group, rank, size, timeout_ms));
+    });
+  });
 }
 
 tagmem_status tagmem_nccl_resume(const char* group, int rank, int size, int timeout_ms) {
-  return nccl_guarded(
-      [&] { tagmem::nccl::resume(tagmem::nccl::resolve_spec(group, rank, size, timeout_ms)); });
+  return nccl_guarded([&] {
+    tagmem::nccl::logged_step(true, group, rank, [&] {
+      tagmem::nccl::resume(tagmem::nccl::resolve_spec(group, rank, size, timeout_ms));
+    });
+  });
 }
 
 tagmem_status tagmem_nccl_stats_get(tagmem_nccl_stats* out) {
