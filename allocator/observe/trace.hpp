@@ -12,7 +12,9 @@
 // The file is rewritten whole (written beside it, then renamed) at exit, at tagmem_shutdown and at
 // tagmem_trace_flush, so it is valid JSON at any time whatever the number of threads.
 // Note [trace clock]: device times are placed on the host clock through one event per phase
-// switch, recorded and waited for before the switch queues its first copy.
+// switch, recorded (on an idle copy stream) and waited for before the switch queues its first
+// copy; its host time is taken just before the record, so a copy is never placed later than it
+// ran, and its start is never placed before it was queued.
 #pragma once
 
 #include <cuda.h>
