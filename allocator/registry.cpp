@@ -140,6 +140,7 @@ void* registry::allocate(std::size_t size, const char* name, int ordinal, CUstre
       context_guard guard(d.context());
       block* b = t.pool().allocate(size, stream);
       t.counters().alloc_count++;
+      t.note_peaks();
       return reinterpret_cast<void*>(b->ptr);
     } catch (const error& e) {
       // Out of device memory: give back every tag's cached memory once, then try again.

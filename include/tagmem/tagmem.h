@@ -103,6 +103,8 @@ typedef struct tagmem_tag_stats {
   uint64_t reload_count;     /* completed reloads, ever */
   uint64_t bytes_offloaded;  /* bytes copied device -> host by offloads, ever */
   uint64_t bytes_reloaded;   /* bytes copied host -> device by reloads, ever */
+  size_t peak_allocated_bytes; /* the most allocated_bytes has been since the tag was created */
+  size_t peak_mapped_bytes;    /* the most mapped_bytes has been since the tag was created */
 } tagmem_tag_stats;
 
 typedef struct tagmem_device_stats {
