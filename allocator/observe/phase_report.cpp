@@ -75,6 +75,8 @@ phase_report::phase_report(device& dev, tag* const* outs, std::size_t out_count,
       trace::set_mapped(t->name(), mapped(*t));
     }
     impl_->whole.emplace(impl_->kind);
+    // Its own span: the record waits while the driver is busy (a release running, say).
+    trace::span start("trace clock");
     impl_->clock.emplace(dev.context(), dev.d2h_stream(0));
   } catch (...) {  // no memory to observe: the switch runs unobserved
     impl_.reset();

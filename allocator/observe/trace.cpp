@@ -286,11 +286,9 @@ copy_clock::copy_clock(CUcontext context, CUstream stream) noexcept {
       delete c;
       return;
     }
-    // The host time before the record: the base is reached at or after it, so no copy is
-    // placed later than it ran (its end stays inside the switch that waited for it).
+    // Note [trace clock]: the host time before the record, and no wait.
     c->base_us = now_us();
-    if (api.cuEventRecord(c->base, stream) != CUDA_SUCCESS ||
-        api.cuEventSynchronize(c->base) != CUDA_SUCCESS) {
+    if (api.cuEventRecord(c->base, stream) != CUDA_SUCCESS) {
       api.cuEventDestroy(c->base);
       delete c;
       return;

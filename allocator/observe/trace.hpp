@@ -12,9 +12,11 @@
 // The file is rewritten whole (written beside it, then renamed) at exit, at tagmem_shutdown and at
 // tagmem_trace_flush, so it is valid JSON at any time whatever the number of threads.
 // Note [trace clock]: device times are placed on the host clock through one event per phase
-// switch, recorded (on an idle copy stream) and waited for before the switch queues its first
-// copy; its host time is taken just before the record, so a copy is never placed later than it
-// ran, and its start is never placed before it was queued.
+// switch, recorded on a copy stream before the switch queues its first copy, with the host time
+// taken just before the record. The device reaches the event at or after that time (later only
+// if the stream was still busy, which between switches it is not), so a copy is never placed
+// later than it ran, and its start is never placed before it was queued. Nothing waits for the
+// event: tracing does not hold the switch up.
 #pragma once
 
 #include <cuda.h>
@@ -78,7 +80,7 @@ void set_mapped(const char* tag, std::uint64_t value) noexcept;
 // Device-timed copy pieces of one phase switch, on the calling thread (Note [trace clock]).
 class copy_clock {
  public:
-  // Records the base event on `stream` and waits for it; `context` is made current meanwhile.
+  // Records the base event on `stream` (Note [trace clock]); `context` is made current meanwhile.
   copy_clock(CUcontext context, CUstream stream) noexcept;
   // Waits for every recorded piece, turns them into spans, frees the events.
   ~copy_clock();
