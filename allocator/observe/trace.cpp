@@ -13,6 +13,7 @@
 
 #include "driver/driver.hpp"
 #include "error.hpp"
+#include "observe/json_text.hpp"
 #include "options.hpp"
 
 #if __has_include(<nvtx3/nvToolsExt.h>)
@@ -56,23 +57,7 @@ int thread_track() {
   return id;
 }
 
-std::string quoted(const char* text) {
-  std::string out = "\"";
-  for (const char* p = text; *p; ++p) {
-    const unsigned char c = static_cast<unsigned char>(*p);
-    if (c == '"' || c == '\\') {
-      out += '\\';
-      out += static_cast<char>(c);
-    } else if (c < 0x20) {
-      char buf[8];
-      std::snprintf(buf, sizeof buf, "\\u%04x", c);
-      out += buf;
-    } else {
-      out += static_cast<char>(c);
-    }
-  }
-  return out + "\"";
-}
+std::string quoted(const char* text) { return json_quoted(text); }
 
 std::string number(double v) {
   char buf[40];
