@@ -48,7 +48,7 @@ state& st() {
 
 std::atomic<bool> g_file{false};
 std::atomic<bool> g_nvtx{false};
-constexpr std::size_t kMaxEvents = 4u << 20;  // past this, events are counted, not kept
+constexpr std::size_t kMaxEvents = 1u << 20;  // past this, events are counted, not kept
 const auto g_epoch = std::chrono::steady_clock::now();
 
 int thread_track() {
