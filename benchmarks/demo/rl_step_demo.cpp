@@ -16,7 +16,7 @@
 #include <string>
 #include <vector>
 
-#include "driver/driver.hpp"
+#include "cuda_calls.hpp"
 #include "driver_choice.hpp"
 #include "tagmem/tagmem.h"
 #include "workload.hpp"
@@ -161,11 +161,10 @@ int run(int argc, char** argv) {
   ok(tagmem_init(nullptr), "tagmem_init");
 
   // The demo's own copies run in device 0's primary context, as an application's would.
-  const auto& api = driver::api();
   CUdevice dev = 0;
   CUcontext ctx = nullptr;
-  if (api.cuDeviceGet(&dev, 0) != CUDA_SUCCESS || api.cuDevicePrimaryCtxRetain(&ctx, dev) ||
-      api.cuCtxSetCurrent(ctx)) {
+  if (cuda().device_get(&dev, 0) != CUDA_SUCCESS || cuda().primary_ctx_retain(&ctx, dev) ||
+      cuda().ctx_set_current(ctx)) {
     throw std::runtime_error("cannot make device 0's primary context current");
   }
 
