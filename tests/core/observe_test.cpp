@@ -19,6 +19,10 @@ class Observe : public tagmem_test {
     tagmem_test::SetUp();
     ASSERT_EQ(tagmem_shutdown(), TAGMEM_SUCCESS);
     setenv("TAGMEM_LOG", "info", 1);
+    // Releases on the calling thread, so that a line's memory figures are still exact when the
+    // test reads the statistics after the call.
+    setenv("TAGMEM_DISCARD_RELEASE", "wait", 1);
+    setenv("TAGMEM_SWAP_RELEASE", "inline", 1);
     ASSERT_EQ(tagmem_init(nullptr), TAGMEM_SUCCESS) << tagmem_last_error();
     set_log_sink_for_testing([this](const std::string& l) {
       std::lock_guard lock(mutex_);
@@ -28,6 +32,8 @@ class Observe : public tagmem_test {
   void TearDown() override {
     set_log_sink_for_testing({});
     unsetenv("TAGMEM_LOG");
+    unsetenv("TAGMEM_DISCARD_RELEASE");
+    unsetenv("TAGMEM_SWAP_RELEASE");
     tagmem_test::TearDown();
   }
   std::vector<std::string> take() {
