@@ -94,7 +94,10 @@ std::string counter_event(const std::string& name, double ts, std::int64_t value
          "}}";
 }
 
+pid_t g_writer = 0;  // the process that registered the write at exit
+
 void write_at_exit() noexcept {
+  if (getpid() != g_writer) return;  // a forked child leaving with exit(): the parent's trace
   try {
     flush();
   } catch (const std::exception& e) {
@@ -123,7 +126,10 @@ void configure() noexcept {
   {
     std::lock_guard lock(s.mutex);
     s.path = path ? path : "";
-    if (path && !s.exit_hook) s.exit_hook = std::atexit(write_at_exit) == 0;
+    if (path && !s.exit_hook) {
+      g_writer = getpid();
+      s.exit_hook = std::atexit(write_at_exit) == 0;
+    }
   }
   g_file.store(path != nullptr);
   g_nvtx.store(nvtx);
