@@ -189,7 +189,7 @@ tagmem_status tagmem_shutdown(void) {
     g_registry = nullptr;
     note_config_fields({});
     try {
-      trace::flush();  // a trace that cannot be written does not fail the shutdown
+      trace::close();  // a trace that cannot be written does not fail the shutdown
     } catch (const std::exception& e) {
       log_line(e.what());
     }

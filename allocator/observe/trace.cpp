@@ -159,6 +159,25 @@ void flush() {
   }
 }
 
+void close() {
+  struct forget {
+    ~forget() {
+      g_file.store(false);
+      g_on.store(g_nvtx.load());
+      state& s = st();
+      std::lock_guard lock(s.mutex);
+      s.path.clear();
+      s.events.clear();
+      s.mapped.clear();
+      s.stream_tracks.clear();
+      s.tracks[0] = s.tracks[1] = 0;
+      s.pinned = 0;
+      s.dropped = 0;
+    }
+  } later;
+  flush();
+}
+
 void span::begin(const char* name, const char* tag, std::size_t bytes, effect what) noexcept {
   active_ = true;
   name_ = name;

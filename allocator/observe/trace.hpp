@@ -39,6 +39,9 @@ void configure() noexcept;
 // Writes the events so far to TAGMEM_TRACE's path (nothing when no path is set). Throws
 // INVALID_ARGUMENT naming the path when it cannot be written. Thread-safe.
 void flush();
+// At tagmem_shutdown: flush(), then forget the path and the events (the next tagmem_init starts a
+// new trace), also when flush() throws. NVTX ranges go on if a tool is attached.
+void close();
 
 // What a span does to a counter when it ends.
 enum class effect { none, mapped_up, mapped_down, pinned_up };

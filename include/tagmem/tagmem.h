@@ -337,7 +337,8 @@ TAGMEM_API tagmem_status tagmem_list_tags(int device, char (*names)[TAGMEM_MAX_T
 TAGMEM_API const char* tagmem_metadata_heap(void);
 
 /* Writes the trace recorded so far to the file TAGMEM_TRACE names (docs/observe.md), replacing
- * it whole; it is also written at tagmem_shutdown and at exit. Does nothing when TAGMEM_TRACE
+ * it whole; it is also written at exit and at tagmem_shutdown, which ends it (a failure to write
+ * it there is logged on stderr and does not fail the shutdown). Does nothing when TAGMEM_TRACE
  * was not set at the last tagmem_init. Errors: INVALID_ARGUMENT (the file cannot be written; the
  * message names it). Thread-safe; does not initialise tagmem. */
 TAGMEM_API tagmem_status tagmem_trace_flush(void);

@@ -2,6 +2,9 @@
 // and carries the bytes, free memory and pinned host bytes that the statistics show right after
 // the switch; a reload that runs out of device memory says which tag, how much, what is free,
 // what is resident, and that the tag keeps its backup.
+#include <cstdio>
+#include <fstream>
+#include <iterator>
 #include <map>
 #include <mutex>
 #include <sstream>
@@ -226,6 +229,48 @@ TEST_F(Observe, AnAllocationOutOfMemoryNamesTheTagAndTheBytesAskedFor) {
       << msg;
   EXPECT_EQ(msg.find("stays offloaded"), std::string::npos) << msg;
   TAGMEM_OK(tagmem_free(hog, nullptr));
+}
+
+// The trace is written on demand, whole, with the switch's span naming its tags' counters; a
+// path that cannot be written is an error naming it, and nothing else changes.
+TEST_F(Observe, TraceFlushWritesTheSwitchesSoFarAndReportsAnUnwritablePath) {
+  auto rng = rng_for_test();
+  const std::string path =
+      ::testing::TempDir() + "tagmem_observe_" + std::to_string(rng()) + ".json";
+  ASSERT_EQ(tagmem_shutdown(), TAGMEM_SUCCESS);
+  scoped_env trace("TAGMEM_TRACE", path.c_str());
+  ASSERT_EQ(tagmem_init(nullptr), TAGMEM_SUCCESS) << tagmem_last_error();
+  const std::string tag = "traced_" + std::to_string(rng() % 100000);
+  auto a = fill(rng, tag.c_str(), 1 + rng() % 4, (1 + rng() % 4) << 20);
+  const char* tags[] = {tag.c_str()};
+  TAGMEM_OK(tagmem_offload(tags, 1, 0, TAGMEM_BACKUP));
+  TAGMEM_OK(tagmem_reload(tags, 1, 0));
+  TAGMEM_OK(tagmem_trace_flush());
+  std::ifstream in(path);
+  ASSERT_TRUE(in) << path;
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(text.rfind("{\"displayTimeUnit\"", 0), 0u);
+  EXPECT_EQ(text.substr(text.size() - 3), "]}\n");
+  EXPECT_NE(text.find("{\"name\":\"offload\""), std::string::npos);
+  EXPECT_NE(text.find("{\"name\":\"reload\""), std::string::npos);
+  EXPECT_NE(text.find("\"name\":\"mapped_bytes " + tag + "\",\"ph\":\"C\""), std::string::npos);
+  EXPECT_NE(text.find("\"tag\":\"" + tag + "\""), std::string::npos);
+  EXPECT_EQ(corrupted(a), 0u);
+  std::remove(path.c_str());
+  for (auto& x : a) TAGMEM_OK(tagmem_free(x.ptr, nullptr));
+
+  ASSERT_EQ(tagmem_shutdown(), TAGMEM_SUCCESS);
+  const std::string bad = "/nonexistent-dir-" + std::to_string(rng()) + "/trace.json";
+  scoped_env bad_trace("TAGMEM_TRACE", bad.c_str());
+  ASSERT_EQ(tagmem_init(nullptr), TAGMEM_SUCCESS) << tagmem_last_error();
+  TAGMEM_FAILS_WITH(tagmem_trace_flush(), TAGMEM_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(tagmem_last_error()).find(bad), std::string::npos) << tagmem_last_error();
+  auto b = fill(rng, tag.c_str(), 1 + rng() % 4, (1 + rng() % 4) << 20);
+  TAGMEM_OK(tagmem_offload(tags, 1, 0, TAGMEM_BACKUP));  // tracing goes on regardless
+  TAGMEM_OK(tagmem_reload(tags, 1, 0));
+  EXPECT_EQ(corrupted(b), 0u);
+  for (auto& x : b) TAGMEM_OK(tagmem_free(x.ptr, nullptr));
+  ASSERT_EQ(tagmem_shutdown(), TAGMEM_SUCCESS);  // the unwritable trace does not fail shutdown
 }
 
 }  // namespace
