@@ -383,9 +383,18 @@ tagmem_status tagmem_host_view(const void* ptr, int flags, void** host, size_t* 
     block* b = t->pool().find_containing(address);
     TAGMEM_EXPECTS(b && address < b->ptr + b->requested, TAGMEM_ERROR_UNKNOWN_POINTER,
                    "tagmem_host_view: pointer is not inside a live allocation");
-    host_span span = backup_span(*t, address, b->ptr + b->requested);
+    host_span span =
+        backup_span(*t, address, b->ptr + b->requested, (flags & TAGMEM_HOST_VIEW_WRITABLE) != 0);
     *host = span.host;
     *bytes = span.bytes;
+  });
+}
+
+tagmem_status tagmem_set_keep_backup(const char* tag, int device, int keep) {
+  return guarded([&](registry& r) {
+    tagmem::tag& t = r.get(r.resolve_device(device), tag);
+    std::lock_guard lock(t.mutex());
+    t.set_keep_backup(keep != 0);
   });
 }
 

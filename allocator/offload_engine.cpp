@@ -34,6 +34,7 @@
 #include <algorithm>
 #include <exception>
 
+#include "backup_retention.hpp"
 #include "driver/driver.hpp"
 #include "observe/phase_report.hpp"
 #include "observe/trace.hpp"
@@ -265,9 +266,7 @@ void pipeline::finish_ins() {
 void pipeline::commit(incoming& in) {
   tag& t = *in.t;
   for (const in_run& r : in.runs) t.arena().adopt(r.va, r.size, r.handle);
-  store_.release(t.extents());
-  t.extents().clear();
-  t.pieces().clear();
+  finish_reload_backup(t, store_);
   t.set_resident();
   t.counters().reload_count++;
   t.counters().bytes_reloaded += in.copied;
@@ -309,6 +308,7 @@ void pipeline::run(tag* const* outs, std::size_t out_count, tag* const* ins, std
         trace::span span("plan", outs[i]->name());
         outs_.push_back({});
         outs_.back().t = outs[i];
+        drop_kept_backup(*outs[i], store_);  // the offload writes a fresh backup
         if (outs[i]->partial()) keep_offloaded_pieces(*outs[i]);
         plan_outgoing(outs_.back(), mode_, store_, cfg_.copy_piece_bytes);
       }
