@@ -36,6 +36,8 @@
 
 #include "backup_retention.hpp"
 #include "driver/driver.hpp"
+#include "observe/phase_report.hpp"
+#include "observe/trace.hpp"
 #include "transfer_plan.hpp"
 
 namespace tagmem {
@@ -97,6 +99,7 @@ void pipeline::queue_out_copies() {
     for (const backup_piece& p : o.pieces) {
       CUstream s = dev_.d2h_stream(next_d2h_++);
       TAGMEM_CU(cuMemcpyDtoHAsync, p.host, p.dev, p.bytes, s);
+      trace::copy_queued(s, true, o.t->name(), p.bytes);
       o.done.push_back(dev_.acquire_event());
       TAGMEM_CU(cuEventRecord, o.done.back(), s);
     }
@@ -130,6 +133,7 @@ bool pipeline::unmap_next(pending_copies pending) {
   // (Note [background release]), and so does a swap unless TAGMEM_SWAP_RELEASE=inline.
   const bool later = mode_ == TAGMEM_DISCARD ? cfg_.background_release
                                              : !ins_.empty() && cfg_.swap_background_release;
+  trace::span span("unmap", o.t->name(), m.size, trace::effect::mapped_down);
   o.t->arena().unmap(m.va, later ? release_timing::background : release_timing::now);
   ++o.next_map;
   budget_ += m.size;
@@ -206,6 +210,7 @@ bool pipeline::map_next() {
   in_run& r = in.runs[in.mapped];
   if (out_left() && r.size > budget_) return false;
   try {
+    trace::span span("map", in.t->name(), r.size, trace::effect::mapped_up);
     r.handle = map_physical(dev_, r.va, r.size);
   } catch (const error& e) {
     if (e.code() == TAGMEM_ERROR_OUT_OF_MEMORY && out_left()) {
@@ -237,6 +242,7 @@ void pipeline::queue_in_copies(incoming& in, CUdeviceptr mapped_end) {
     const backup_piece& p = pieces[in.next_piece];
     if (p.dev + p.bytes > mapped_end) break;
     TAGMEM_CU(cuMemcpyHtoDAsync, p.dev, p.host, p.bytes, dev_.h2d_stream(next_h2d_++));
+    trace::copy_queued(dev_.h2d_stream(next_h2d_ - 1), false, in.t->name(), p.bytes);
     in.copied += p.bytes;
   }
 }
@@ -286,6 +292,7 @@ void pipeline::run(tag* const* outs, std::size_t out_count, tag* const* ins, std
   context_guard guard(dev_.context());
   ins_.reserve(in_count);
   for (std::size_t i = 0; i < in_count; ++i) {
+    trace::span span("plan", ins[i]->name());
     ins_.push_back({});
     ins_.back().t = ins[i];
     plan_incoming(ins_.back(), ins[i]->mode() == TAGMEM_DISCARD
@@ -301,6 +308,7 @@ void pipeline::run(tag* const* outs, std::size_t out_count, tag* const* ins, std
     outs_.reserve(out_count);
     try {
       for (std::size_t i = 0; i < out_count; ++i) {
+        trace::span span("plan", outs[i]->name());
         outs_.push_back({});
         outs_.back().t = outs[i];
         drop_kept_backup(*outs[i], store_);  // the offload writes a fresh backup
@@ -344,8 +352,14 @@ void move_tags(device& dev, tag* const* outs, std::size_t out_count, tagmem_offl
     explicit hold_releases(release_queue& queue) : q(queue) { q.hold(); }
     ~hold_releases() { q.unhold(); }
   } hold(dev.releases());
-  pipeline p(dev, mode, store, cfg);
-  p.run(outs, out_count, ins, in_count);
+  phase_report report(dev, outs, out_count, mode, ins, in_count, store);
+  try {
+    pipeline p(dev, mode, store, cfg);
+    p.run(outs, out_count, ins, in_count);
+  } catch (const std::exception& e) {
+    report.failed(e);
+    throw;
+  }
 }
 
 }  // namespace tagmem
