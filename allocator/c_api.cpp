@@ -1,15 +1,15 @@
 // c_api.cpp — the C ABI (include/tagmem/tagmem.h) over the registry.
 //
 // Every entry point runs its body through `guarded`, which turns any exception into a status and
-// a thread-local message, so no C caller ever sees an exception or an abort. The registry is
-// created on first use (or by tagmem_init with a configuration) and destroyed by
-// tagmem_shutdown; a process-wide shared lock keeps shutdown from racing with other calls. In a
-// child forked after tagmem started, both refuse before touching anything (Note [fork]).
+// a thread-local message, so no C caller ever sees an exception or an abort. The body runs under
+// a hold on the runtime (runtime.hpp), created on first use (or by tagmem_init with a
+// configuration) and destroyed by tagmem_shutdown, which waits for every hold. In a child
+// forked after tagmem started, both refuse before touching anything (Note [fork]). The external
+// tag (external_tag.hpp) is listed and counted beside the registry's tags.
 #include <atomic>
 #include <cstring>
 #include <mutex>
 #include <new>
-#include <shared_mutex>
 #include <string>
 
 #include "address_index.hpp"
@@ -20,14 +20,13 @@
 #include "metadata_heap.hpp"
 #include "options.hpp"
 #include "registry.hpp"
+#include "runtime.hpp"
 #include "tag_scope.hpp"
 #include "tagmem/tagmem.h"
 
 namespace tagmem {
 namespace {
 
-std::shared_mutex g_lifetime;    // shared: any call; exclusive: init and shutdown
-registry* g_registry = nullptr;  // guarded by g_lifetime
 thread_local std::string t_last_error;
 
 tagmem_status record(tagmem_status code, const std::string& message) noexcept {
@@ -53,17 +52,9 @@ template <class F>
 tagmem_status guarded(F&& body) noexcept {
   if (tagmem_status s = refuse_if_forked()) return s;
   try {
-    for (;;) {
-      {
-        std::shared_lock lock(g_lifetime);
-        if (g_registry) {
-          body(*g_registry);
-          return TAGMEM_SUCCESS;
-        }
-      }
-      std::unique_lock lock(g_lifetime);
-      if (!g_registry) g_registry = new registry(make_config(nullptr));
-    }
+    runtime::hold h;
+    body(h.core());
+    return TAGMEM_SUCCESS;
   } catch (const error& e) {
     return record(e.code(), e.what());
   } catch (const std::bad_alloc&) {
@@ -154,13 +145,7 @@ void tagmem_config_init(tagmem_config* config) {
 }
 
 tagmem_status tagmem_init(const tagmem_config* config) {
-  return guarded_plain([&] {
-    tagmem::config cfg = make_config(config);
-    std::unique_lock lock(g_lifetime);
-    TAGMEM_EXPECTS(!g_registry, TAGMEM_ERROR_INVALID_ARGUMENT,
-                   "tagmem is already initialised; call tagmem_shutdown() first");
-    g_registry = new registry(cfg);
-  });
+  return guarded_plain([&] { runtime::start(make_config(config)); });
 }
 
 tagmem_status tagmem_config_describe(char* buf, size_t capacity, size_t* needed) {
@@ -179,9 +164,7 @@ tagmem_status tagmem_config_describe(char* buf, size_t capacity, size_t* needed)
 
 tagmem_status tagmem_shutdown(void) {
   return guarded_plain([] {
-    std::unique_lock lock(g_lifetime);
-    delete g_registry;
-    g_registry = nullptr;
+    runtime::stop();
     note_config_fields({});
   });
 }
@@ -310,6 +293,10 @@ tagmem_status tagmem_host_trim(size_t keep_bytes) {
 tagmem_status tagmem_tag_stats_get(const char* tag, int device, tagmem_tag_stats* out) {
   return guarded([&](registry& r) {
     expect_non_null(out, "out");
+    if (const external_tag* x = find_external_tag(tag)) {
+      *out = x->stats(r.resolve_device(device));
+      return;
+    }
     tagmem::tag& t = r.get(r.resolve_device(device), tag);
     std::lock_guard lock(t.mutex());
     *out = t.stats();
@@ -324,6 +311,13 @@ tagmem_status tagmem_device_stats_get(int device, tagmem_device_stats* out) {
     for (tagmem::tag* t : r.tags(d)) {
       std::lock_guard lock(t->mutex());
       tagmem_tag_stats ts = t->stats();
+      s.allocated_bytes += ts.allocated_bytes;
+      s.reserved_bytes += ts.reserved_bytes;
+      s.mapped_bytes += ts.mapped_bytes;
+      s.tags++;
+    }
+    if (const external_tag* x = registered_external_tag(); x && x->listed(d)) {
+      tagmem_tag_stats ts = x->stats(d);
       s.allocated_bytes += ts.allocated_bytes;
       s.reserved_bytes += ts.reserved_bytes;
       s.mapped_bytes += ts.mapped_bytes;
@@ -345,9 +339,14 @@ tagmem_status tagmem_list_tags(int device, char (*names)[TAGMEM_MAX_TAG_NAME + 1
   return guarded([&](registry& r) {
     expect_non_null(count, "count");
     TAGMEM_EXPECTS(names || capacity == 0, TAGMEM_ERROR_INVALID_ARGUMENT, "names is NULL");
-    auto list = r.tags(r.resolve_device(device));
+    const int d = r.resolve_device(device);
+    meta_vector<const char*> list;
+    for (tagmem::tag* t : r.tags(d)) list.push_back(t->name());
+    if (const external_tag* x = registered_external_tag(); x && x->listed(d)) {
+      list.push_back(x->name);
+    }
     for (std::size_t i = 0; i < list.size() && i < capacity; ++i) {
-      std::strncpy(names[i], list[i]->name(), TAGMEM_MAX_TAG_NAME);
+      std::strncpy(names[i], list[i], TAGMEM_MAX_TAG_NAME);
       names[i][TAGMEM_MAX_TAG_NAME] = '\0';
     }
     *count = list.size();
