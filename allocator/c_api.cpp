@@ -1,8 +1,8 @@
 // c_api.cpp — the C ABI (include/tagmem/tagmem.h) over the registry.
 //
-// Every entry point runs its body through `guarded`, which turns any exception into a status and
-// a thread-local message, so no C caller ever sees an exception or an abort. The body runs under
-// a hold on the runtime (runtime.hpp), created on first use (or by tagmem_init with a
+// Every entry point runs its body through c_boundary (c_error.hpp), which turns any exception into
+// a status and a thread-local message, so no C caller ever sees an exception or an abort. The body
+// runs under a hold on the runtime (runtime.hpp), created on first use (or by tagmem_init with a
 // configuration) and destroyed by tagmem_shutdown, which waits for every hold. In a child
 // forked after tagmem started, both refuse before touching anything (Note [fork]). The external
 // tag (external_tag.hpp) is listed and counted beside the registry's tags.
@@ -50,33 +50,10 @@ tagmem_status refuse_if_forked() noexcept {
 // Runs `body` with the registry, creating it with defaults on first use.
 template <class F>
 tagmem_status guarded(F&& body) noexcept {
-  if (tagmem_status s = refuse_if_forked()) return s;
-  try {
+  return c_boundary([&] {
     runtime::hold h;
     body(h.core());
-    return TAGMEM_SUCCESS;
-  } catch (const error& e) {
-    return record(e.code(), e.what());
-  } catch (const std::bad_alloc&) {
-    return record(TAGMEM_ERROR_HOST_OUT_OF_MEMORY, "out of host memory for tagmem's records");
-  } catch (const std::exception& e) {
-    return record(TAGMEM_ERROR_INTERNAL, std::string("internal error: ") + e.what());
-  } catch (...) {
-    return record(TAGMEM_ERROR_INTERNAL, "internal error: unknown exception");
-  }
-}
-
-template <class F>
-tagmem_status guarded_plain(F&& body) noexcept {
-  if (tagmem_status s = refuse_if_forked()) return s;
-  try {
-    body();
-    return TAGMEM_SUCCESS;
-  } catch (const error& e) {
-    return record(e.code(), e.what());
-  } catch (...) {
-    return record(TAGMEM_ERROR_INTERNAL, "internal error");
-  }
+  });
 }
 
 // Note [enums from C]: a C caller may pass any int where the ABI has an enum, but in C++
@@ -132,6 +109,20 @@ tagmem_status record_c_error(tagmem_status code, const std::string& message) noe
 
 tagmem_status refuse_c_call_if_forked() noexcept { return refuse_if_forked(); }
 
+tagmem_status record_current_exception() noexcept {
+  try {
+    throw;
+  } catch (const error& e) {
+    return record(e.code(), e.what());
+  } catch (const std::bad_alloc&) {
+    return record(TAGMEM_ERROR_HOST_OUT_OF_MEMORY, "out of host memory for tagmem's records");
+  } catch (const std::exception& e) {
+    return record(TAGMEM_ERROR_INTERNAL, std::string("internal error: ") + e.what());
+  } catch (...) {
+    return record(TAGMEM_ERROR_INTERNAL, "internal error: unknown exception");
+  }
+}
+
 }  // namespace tagmem
 
 using namespace tagmem;
@@ -145,11 +136,11 @@ void tagmem_config_init(tagmem_config* config) {
 }
 
 tagmem_status tagmem_init(const tagmem_config* config) {
-  return guarded_plain([&] { runtime::start(make_config(config)); });
+  return c_boundary([&] { runtime::start(make_config(config)); });
 }
 
 tagmem_status tagmem_config_describe(char* buf, size_t capacity, size_t* needed) {
-  return guarded_plain([&] {
+  return c_boundary([&] {
     TAGMEM_EXPECTS(buf || capacity == 0, TAGMEM_ERROR_INVALID_ARGUMENT,
                    "tagmem_config_describe: buf is NULL");
     const std::string text = describe_options();
@@ -163,7 +154,7 @@ tagmem_status tagmem_config_describe(char* buf, size_t capacity, size_t* needed)
 }
 
 tagmem_status tagmem_shutdown(void) {
-  return guarded_plain([] {
+  return c_boundary([] {
     runtime::stop();
     note_config_fields({});
   });
@@ -198,7 +189,7 @@ const char* tagmem_status_string(tagmem_status status) {
 
 tagmem_status tagmem_push_tag(const char* tag) {
   // The name first: a bad one is INVALID_ARGUMENT even where tagmem cannot initialise.
-  if (tagmem_status s = guarded_plain([&] { check_tag_name(tag); }); s != TAGMEM_SUCCESS) return s;
+  if (tagmem_status s = c_boundary([&] { check_tag_name(tag); }); s != TAGMEM_SUCCESS) return s;
   return guarded([&](registry& r) {
     r.get_or_create(r.resolve_device(TAGMEM_CURRENT_DEVICE), tag);  // tagmem.h: exists from here
     push_tag(tag);
@@ -206,7 +197,7 @@ tagmem_status tagmem_push_tag(const char* tag) {
 }
 
 tagmem_status tagmem_pop_tag(void) {
-  return guarded_plain([] { pop_tag(); });
+  return c_boundary([] { pop_tag(); });
 }
 
 const char* tagmem_current_tag(void) { return current_tag(); }
