@@ -32,10 +32,15 @@ copy_queue::~copy_queue() {
 CUevent copy_queue::to_host(const backup_piece& p) {
   CUstream s = dev_.d2h_stream(next_d2h_++);
   TAGMEM_CU(cuMemcpyDtoHAsync, p.host, p.dev, p.bytes, s);
-  events_.reserve(events_.size() + 1);  // no event may be lost between acquire and push
-  events_.push_back(dev_.acquire_event());
-  TAGMEM_CU(cuEventRecord, events_.back(), s);
-  return events_.back();
+  CUevent e = dev_.acquire_event();
+  try {
+    events_.push_back(e);
+  } catch (...) {
+    dev_.release_event(e);
+    throw;
+  }
+  TAGMEM_CU(cuEventRecord, e, s);
+  return e;
 }
 
 void copy_queue::to_device(const backup_piece& p) {
