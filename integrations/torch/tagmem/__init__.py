@@ -42,6 +42,8 @@ from ._api import (
     tag,
     tags,
     wait_released,
+    release_physical,
+    plan_offload,
 )
 from ._errors import (
     DriverError,
@@ -109,4 +111,6 @@ __all__ = [
     "tag",
     "tags",
     "wait_released",
+    "release_physical",
+    "plan_offload",
 ]
