@@ -39,7 +39,8 @@ tagmem_tag_stats tag::stats() const {
   auto& arena = const_cast<vm_arena&>(arena_);
   s.mapped_bytes = arena.mapped_bytes();
   s.virtual_bytes = arena.virtual_bytes();
-  s.mappings = arena.mappings().size();
+  // Physical allocations: a resident record may hold several (Note [physical recycling]).
+  for (const auto& [va, m] : arena.mappings()) s.mappings += m.resident ? m.parts.size() : 1;
   s.host_bytes = host_bytes();
   s.alloc_count = counters_.alloc_count;
   s.free_count = counters_.free_count;
