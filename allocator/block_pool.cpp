@@ -1,8 +1,6 @@
 // block_pool.cpp — segments, blocks, best-fit reuse and merging (see block_pool.hpp).
 #include "block_pool.hpp"
 
-#include <limits>
-
 #include "byte_math.hpp"
 #include "driver/driver.hpp"
 
@@ -17,7 +15,6 @@ bool waits_on_host(CUstream s) { return s == nullptr || s == CU_STREAM_LEGACY; }
 }  // namespace
 
 bool block_pool::by_size::operator()(const block* a, const block* b) const {
-  if (a->stream != b->stream) return std::less<CUstream>()(a->stream, b->stream);
   if (a->size != b->size) return a->size < b->size;
   return a->ptr < b->ptr;
 }
@@ -57,35 +54,44 @@ void block_pool::order_reuse(const block* b, CUstream stream) {
   }
 }
 
+void block_pool::cache(block* b) { lists_for(b->seg)[b->stream].insert(b); }
+
+void block_pool::uncache(block* b) {
+  free_lists& lists = lists_for(b->seg);
+  auto list = lists.find(b->stream);
+  TAGMEM_ASSERT(list != lists.end() && list->second.count(b) == 1);
+  list->second.erase(b);  // an emptied list stays until a search passes it (take_free)
+}
+
 block* block_pool::take_free(std::size_t size, CUstream stream, bool small) {
-  free_set& set = small ? free_small_ : free_large_;
-  block key;
-  key.stream = stream;
-  key.size = size;
+  free_lists& lists = small ? free_small_ : free_large_;
   const bool own = names_one_stream(stream);
-  auto it = set.lower_bound(&key);
-  if (!own || it == set.end() || (*it)->stream != stream) {
+  auto list = own ? lists.find(stream) : lists.end();
+  free_list::iterator fit;
+  if (list != lists.end()) fit = list->second.lower_bound(size);
+  if (list == lists.end() || fit == list->second.end()) {
     // Note [stream-ordered reuse]: the best fit among the other streams' cached blocks.
-    it = set.end();
-    for (auto s = set.begin(); s != set.end();) {
-      CUstream other = (*s)->stream;
-      key.stream = other;
-      key.size = size;
-      key.ptr = 0;
-      auto fit = set.lower_bound(&key);
-      if (fit != set.end() && (*fit)->stream == other && (other != stream || !own) &&
-          (it == set.end() || (*fit)->size < (*it)->size)) {
-        it = fit;
+    list = lists.end();
+    for (auto other = lists.begin(); other != lists.end();) {
+      if (other->second.empty()) {
+        other = lists.erase(other);
+        continue;
       }
-      key.size = std::numeric_limits<std::size_t>::max();
-      key.ptr = std::numeric_limits<CUdeviceptr>::max();
-      s = set.upper_bound(&key);
+      if (!own || other->first != stream) {
+        auto candidate = other->second.lower_bound(size);
+        if (candidate != other->second.end() &&
+            (list == lists.end() || (*candidate)->size < (*fit)->size)) {
+          list = other;
+          fit = candidate;
+        }
+      }
+      ++other;
     }
-    if (it == set.end()) return nullptr;
-    order_reuse(*it, stream);
+    if (list == lists.end()) return nullptr;
+    order_reuse(*fit, stream);
   }
-  block* b = *it;
-  set.erase(it);
+  block* b = *fit;
+  list->second.erase(fit);
   if (own) {
     forget_event(b);
     b->stream = stream;
@@ -137,7 +143,7 @@ block* block_pool::split(block* b, std::size_t size) {
   if (b->next) b->next->prev = r;
   b->next = r;
   b->size = size;
-  (b->seg->small ? free_small_ : free_large_).insert(r);
+  cache(r);
   return b;
 }
 
@@ -204,13 +210,12 @@ bool block_pool::free(CUdeviceptr ptr, CUstream stream) {
 }
 
 void block_pool::merge_free(block* b) {
-  free_set& set = b->seg->small ? free_small_ : free_large_;
   auto mergeable = [&](block* n) {
     return n && !n->allocated && n->stream == b->stream && !n->freed && !b->freed;
   };
   if (mergeable(b->prev)) {
     block* p = b->prev;
-    set.erase(p);
+    uncache(p);
     p->size += b->size;
     p->next = b->next;
     if (b->next) b->next->prev = p;
@@ -219,20 +224,19 @@ void block_pool::merge_free(block* b) {
   }
   if (mergeable(b->next)) {
     block* n = b->next;
-    set.erase(n);
+    uncache(n);
     b->size += n->size;
     b->next = n->next;
     if (n->next) n->next->prev = b;
     delete n;
   }
-  set.insert(b);
+  cache(b);
 }
 
 void block_pool::erase_segment(segment* s) {
-  free_set& set = s->small ? free_small_ : free_large_;
   for (block* b = s->first; b;) {
     block* next = b->next;
-    set.erase(b);
+    uncache(b);  // every block of an idle segment is cached
     forget_event(b);
     delete b;
     b = next;

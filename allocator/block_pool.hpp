@@ -86,11 +86,22 @@ class block_pool {
   const pool_totals& totals() const noexcept { return totals_; }
 
  private:
+  // Cached blocks of one stream, best fit first: by size, then by address. Looked up by size.
   struct by_size {
+    using is_transparent = void;
     bool operator()(const block* a, const block* b) const;
+    bool operator()(const block* a, std::size_t size) const { return a->size < size; }
+    bool operator()(std::size_t size, const block* b) const { return size < b->size; }
   };
-  using free_set = meta_set<block*, by_size>;
+  using free_list = meta_set<block*, by_size>;
+  // One free list per stream that may reuse its blocks at once, as RMM keeps them. A list that
+  // empties stays (its stream is likely to free again soon) until a search of the other streams
+  // passes it, so the lists stay as many as the streams that use the pool.
+  using free_lists = meta_map<CUstream, free_list>;
 
+  free_lists& lists_for(const segment* s) noexcept { return s->small ? free_small_ : free_large_; }
+  void cache(block* b);
+  void uncache(block* b);
   block* take_free(std::size_t size, CUstream stream, bool small);
   void order_reuse(const block* b, CUstream stream);
   void forget_event(block* b) noexcept;
@@ -101,7 +112,7 @@ class block_pool {
 
   vm_arena& arena_;
   const config& cfg_;
-  free_set free_small_, free_large_;
+  free_lists free_small_, free_large_;
   meta_unordered_map<CUdeviceptr, block*> live_;
   meta_map<CUdeviceptr, segment*> segments_;  // by base
   pool_totals totals_;

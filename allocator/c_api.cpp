@@ -1,21 +1,19 @@
 // c_api.cpp — the C ABI (include/tagmem/tagmem.h) over the registry.
 //
-// Every entry point runs its body through `guarded`, which turns any exception into a status and
-// a thread-local message, so no C caller ever sees an exception or an abort. The registry is
-// created on first use (or by tagmem_init with a configuration) and destroyed by
-// tagmem_shutdown; a process-wide shared lock keeps shutdown from racing with other calls. In a
-// child forked after tagmem started, both refuse before touching anything (Note [fork]).
+// Every entry point runs its body behind the C boundary (Note [C boundary] in c_error.hpp): an
+// exception becomes a status and a thread-local message, and a child forked after tagmem started
+// is refused before anything is touched. The registry is created on first use (or by tagmem_init
+// with a configuration) and destroyed by tagmem_shutdown; a process-wide shared lock keeps
+// shutdown from racing with other calls.
 #include <atomic>
 #include <cstring>
 #include <mutex>
-#include <new>
 #include <shared_mutex>
 #include <string>
 
 #include "address_index.hpp"
 #include "c_error.hpp"
 #include "driver/driver.hpp"
-#include "fork_guard.hpp"
 #include "host_view.hpp"
 #include "metadata_heap.hpp"
 #include "options.hpp"
@@ -28,64 +26,21 @@ namespace {
 
 std::shared_mutex g_lifetime;    // shared: any call; exclusive: init and shutdown
 registry* g_registry = nullptr;  // guarded by g_lifetime
-thread_local std::string t_last_error;
 
-tagmem_status record(tagmem_status code, const std::string& message) noexcept {
-  try {
-    t_last_error = message;
-  } catch (...) {
-  }
-  return code;
-}
-
-// TAGMEM_ERROR_FORKED in a child forked after tagmem started (Note [fork]), else success.
-tagmem_status refuse_if_forked() noexcept {
-  if (!forked_after_start()) return TAGMEM_SUCCESS;
-  try {
-    return record(TAGMEM_ERROR_FORKED, forked_message());
-  } catch (...) {
-    return TAGMEM_ERROR_FORKED;
-  }
-}
-
-// Runs `body` with the registry, creating it with defaults on first use.
+// Runs `body` with the registry behind the C boundary, creating the registry with defaults on
+// first use.
 template <class F>
 tagmem_status guarded(F&& body) noexcept {
-  if (tagmem_status s = refuse_if_forked()) return s;
-  try {
+  return c_boundary([&] {
     for (;;) {
       {
         std::shared_lock lock(g_lifetime);
-        if (g_registry) {
-          body(*g_registry);
-          return TAGMEM_SUCCESS;
-        }
+        if (g_registry) return body(*g_registry);
       }
       std::unique_lock lock(g_lifetime);
       if (!g_registry) g_registry = new registry(make_config(nullptr));
     }
-  } catch (const error& e) {
-    return record(e.code(), e.what());
-  } catch (const std::bad_alloc&) {
-    return record(TAGMEM_ERROR_HOST_OUT_OF_MEMORY, "out of host memory for tagmem's records");
-  } catch (const std::exception& e) {
-    return record(TAGMEM_ERROR_INTERNAL, std::string("internal error: ") + e.what());
-  } catch (...) {
-    return record(TAGMEM_ERROR_INTERNAL, "internal error: unknown exception");
-  }
-}
-
-template <class F>
-tagmem_status guarded_plain(F&& body) noexcept {
-  if (tagmem_status s = refuse_if_forked()) return s;
-  try {
-    body();
-    return TAGMEM_SUCCESS;
-  } catch (const error& e) {
-    return record(e.code(), e.what());
-  } catch (...) {
-    return record(TAGMEM_ERROR_INTERNAL, "internal error");
-  }
+  });
 }
 
 // Note [enums from C]: a C caller may pass any int where the ABI has an enum, but in C++
@@ -134,13 +89,6 @@ void malloc_in(registry& r, void** ptr, std::size_t size, const char* name, int 
 }
 
 }  // namespace
-
-tagmem_status record_c_error(tagmem_status code, const std::string& message) noexcept {
-  return record(code, message);
-}
-
-tagmem_status refuse_c_call_if_forked() noexcept { return refuse_if_forked(); }
-
 }  // namespace tagmem
 
 using namespace tagmem;
@@ -154,7 +102,7 @@ void tagmem_config_init(tagmem_config* config) {
 }
 
 tagmem_status tagmem_init(const tagmem_config* config) {
-  return guarded_plain([&] {
+  return c_boundary([&] {
     tagmem::config cfg = make_config(config);
     std::unique_lock lock(g_lifetime);
     TAGMEM_EXPECTS(!g_registry, TAGMEM_ERROR_INVALID_ARGUMENT,
@@ -164,7 +112,7 @@ tagmem_status tagmem_init(const tagmem_config* config) {
 }
 
 tagmem_status tagmem_config_describe(char* buf, size_t capacity, size_t* needed) {
-  return guarded_plain([&] {
+  return c_boundary([&] {
     TAGMEM_EXPECTS(buf || capacity == 0, TAGMEM_ERROR_INVALID_ARGUMENT,
                    "tagmem_config_describe: buf is NULL");
     const std::string text = describe_options();
@@ -178,7 +126,7 @@ tagmem_status tagmem_config_describe(char* buf, size_t capacity, size_t* needed)
 }
 
 tagmem_status tagmem_shutdown(void) {
-  return guarded_plain([] {
+  return c_boundary([] {
     std::unique_lock lock(g_lifetime);
     delete g_registry;
     g_registry = nullptr;
@@ -186,7 +134,7 @@ tagmem_status tagmem_shutdown(void) {
   });
 }
 
-const char* tagmem_last_error(void) { return t_last_error.c_str(); }
+const char* tagmem_last_error(void) { return last_c_error(); }
 
 const char* tagmem_status_string(tagmem_status status) {
   switch (enum_bits(&status)) {  // Note [enums from C]
@@ -215,7 +163,7 @@ const char* tagmem_status_string(tagmem_status status) {
 
 tagmem_status tagmem_push_tag(const char* tag) {
   // The name first: a bad one is INVALID_ARGUMENT even where tagmem cannot initialise.
-  if (tagmem_status s = guarded_plain([&] { check_tag_name(tag); }); s != TAGMEM_SUCCESS) return s;
+  if (tagmem_status s = c_boundary([&] { check_tag_name(tag); }); s != TAGMEM_SUCCESS) return s;
   return guarded([&](registry& r) {
     r.get_or_create(r.resolve_device(TAGMEM_CURRENT_DEVICE), tag);  // tagmem.h: exists from here
     push_tag(tag);
@@ -223,7 +171,7 @@ tagmem_status tagmem_push_tag(const char* tag) {
 }
 
 tagmem_status tagmem_pop_tag(void) {
-  return guarded_plain([] { pop_tag(); });
+  return c_boundary([] { pop_tag(); });
 }
 
 const char* tagmem_current_tag(void) { return current_tag(); }
@@ -381,9 +329,18 @@ tagmem_status tagmem_host_view(const void* ptr, int flags, void** host, size_t* 
     block* b = t->pool().find_containing(address);
     TAGMEM_EXPECTS(b && address < b->ptr + b->requested, TAGMEM_ERROR_UNKNOWN_POINTER,
                    "tagmem_host_view: pointer is not inside a live allocation");
-    host_span span = backup_span(*t, address, b->ptr + b->requested);
+    host_span span =
+        backup_span(*t, address, b->ptr + b->requested, (flags & TAGMEM_HOST_VIEW_WRITABLE) != 0);
     *host = span.host;
     *bytes = span.bytes;
+  });
+}
+
+tagmem_status tagmem_set_keep_backup(const char* tag, int device, int keep) {
+  return guarded([&](registry& r) {
+    tagmem::tag& t = r.get(r.resolve_device(device), tag);
+    std::lock_guard lock(t.mutex());
+    t.set_keep_backup(keep != 0);
   });
 }
 

@@ -1,6 +1,11 @@
-// c_error.hpp — lets C entry points defined outside c_api.cpp (integrations linked into the same
-// library, such as the NCCL functions of the preload shim) report failures the way tagmem's own
-// do: the message goes to the calling thread's tagmem_last_error().
+// c_error.hpp — the one boundary between tagmem's C++ internals and the C ABI.
+//
+// Note [C boundary]: every C entry point that returns a tagmem_status (c_api.cpp, and the
+// integrations linked into the same library, such as the NCCL functions of the preload shim) runs
+// its body through c_boundary. In a child forked after tagmem started it refuses before the body
+// touches anything (Note [fork] in fork_guard.hpp); otherwise an exception becomes a status and a
+// message for the calling thread's tagmem_last_error(), so no C caller ever sees an exception or
+// an abort. Internals throw tagmem::error (error.hpp); what else escapes is mapped here too.
 #pragma once
 
 #include <string>
@@ -9,11 +14,30 @@
 
 namespace tagmem {
 
-// Stores `message` for tagmem_last_error() on this thread and returns `code`.
+// Stores `message` for tagmem_last_error() on this thread and returns `code`. Without memory for
+// the text, the message keeps its old contents.
+tagmem_status record_c_error(tagmem_status code, const char* message) noexcept;
 tagmem_status record_c_error(tagmem_status code, const std::string& message) noexcept;
+// The message tagmem_last_error() returns on this thread.
+const char* last_c_error() noexcept;
 
-// In a child forked after tagmem started: records and returns TAGMEM_ERROR_FORKED (Note [fork]
-// in fork_guard.hpp), to be returned before the entry point touches anything. Else success.
+// Only inside a catch block: records the exception being handled and returns its status
+// (tagmem::error keeps its code, std::bad_alloc is HOST_OUT_OF_MEMORY, anything else INTERNAL).
+tagmem_status record_current_exception() noexcept;
+
+// In a child forked after tagmem started: records and returns TAGMEM_ERROR_FORKED. Else success.
 tagmem_status refuse_c_call_if_forked() noexcept;
+
+// Runs `body` behind the boundary (Note [C boundary]); success when it returns.
+template <class F>
+tagmem_status c_boundary(F&& body) noexcept {
+  if (tagmem_status s = refuse_c_call_if_forked()) return s;
+  try {
+    body();
+    return TAGMEM_SUCCESS;
+  } catch (...) {
+    return record_current_exception();
+  }
+}
 
 }  // namespace tagmem

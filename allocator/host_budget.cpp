@@ -23,18 +23,21 @@ bool read_text(const std::string& path, std::string* out) {
   return true;
 }
 
-// A whole decimal number, or "max" (no limit) when `max_ok`; false for anything else.
-bool parse_count(const std::string& text, bool max_ok, std::size_t* out) {
+// A whole decimal number; false for anything else.
+bool parse_count(const std::string& text, std::size_t* out) {
   std::string t = text.substr(0, text.find_first_of(" \n"));
-  if (max_ok && t == "max") {
-    *out = kUnbounded;
-    return true;
-  }
   if (t.empty() || t.find_first_not_of("0123456789") != std::string::npos) return false;
   errno = 0;
   unsigned long long v = std::strtoull(t.c_str(), nullptr, 10);
   if (errno) return false;
   *out = static_cast<std::size_t>(v);
+  return true;
+}
+
+// A cgroup limit: a whole decimal number, or "max" (no limit).
+bool parse_limit(const std::string& text, std::size_t* out) {
+  if (text.substr(0, text.find_first_of(" \n")) != "max") return parse_count(text, out);
+  *out = kUnbounded;
   return true;
 }
 
@@ -130,8 +133,8 @@ bool walk(const mount& mnt, std::string path, const cgroup_files& files, host_me
     std::string limit_text, usage_text;
     std::size_t limit = 0, usage = 0;
     if (read_text(dir + "/" + files.limit, &limit_text) &&
-        read_text(dir + "/" + files.usage, &usage_text) && parse_count(limit_text, true, &limit) &&
-        parse_count(usage_text, false, &usage) && limit != kUnbounded) {
+        read_text(dir + "/" + files.usage, &usage_text) && parse_limit(limit_text, &limit) &&
+        parse_count(usage_text, &usage) && limit != kUnbounded) {
       limited = true;
       std::size_t inactive = stat_value(dir + "/memory.stat", files.inactive_key);
       std::size_t used = usage - std::min(usage, inactive);

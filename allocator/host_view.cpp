@@ -4,15 +4,28 @@
 #include <algorithm>
 #include <string>
 
+#include "backup_retention.hpp"
 #include "error.hpp"
 
 namespace tagmem {
 
-host_span backup_span(tag& t, CUdeviceptr address, CUdeviceptr end) {
+host_span backup_span(tag& t, CUdeviceptr address, CUdeviceptr end, bool writable) {
   const std::string name = t.name();
-  TAGMEM_EXPECTS(t.offloaded() && !t.partial(), TAGMEM_ERROR_TAG_RESIDENT,
-                 "tagmem_host_view: tag '" + name +
-                     "' is resident (or only partly offloaded): its bytes are on the device");
+  if (!t.offloaded()) {
+    // A resident tag's kept backup (backup_retention.hpp) is a snapshot: readable, but nothing
+    // written there would reach the device.
+    const bool kept = kept_backup_current(t);
+    const char* why = kept       ? " (its kept backup is a read-only snapshot)"
+                      : t.kept() ? " (it allocated or freed since its kept backup was made)"
+                                 : "";
+    TAGMEM_EXPECTS(
+        kept && !writable, TAGMEM_ERROR_TAG_RESIDENT,
+        "tagmem_host_view: tag '" + name + "' is resident: its bytes are on the device" + why);
+  } else {
+    TAGMEM_EXPECTS(!t.partial(), TAGMEM_ERROR_TAG_RESIDENT,
+                   "tagmem_host_view: tag '" + name +
+                       "' is only partly offloaded: some of its bytes are on the device");
+  }
   TAGMEM_EXPECTS(
       t.mode() == TAGMEM_BACKUP, TAGMEM_ERROR_TAG_OFFLOADED,
       "tagmem_host_view: tag '" + name + "' was offloaded with TAGMEM_DISCARD: no bytes were kept");

@@ -37,6 +37,7 @@
 #include <algorithm>
 #include <exception>
 
+#include "backup_retention.hpp"
 #include "driver/driver.hpp"
 #include "transfer_plan.hpp"
 
@@ -59,8 +60,11 @@ class pipeline {
   unmapped_memory choose_out_memory(std::size_t in_count) const noexcept;
   bool in_open() const noexcept { return !in_error_ && in_at_ < ins_.size(); }
 
+  // What unmap_next does while the next out-mapping's copies are still running.
+  enum class pending_copies { give_up, wait };
+
   void queue_out_copies();
-  bool unmap_next(bool block);
+  bool unmap_next(pending_copies pending);
   void start(outgoing& o);
   void commit(outgoing& o);
   void restore_outs() noexcept;
@@ -105,9 +109,9 @@ void pipeline::queue_out_copies() {
   }
 }
 
-// Unmaps the next out-mapping if its copies have finished (waiting for them when `block`), or
-// commits the current out-tag when it has none left. Returns whether it did either.
-bool pipeline::unmap_next(bool block) {
+// Unmaps the next out-mapping once its copies have finished, or commits the current out-tag when
+// it has none left. Returns whether it did either.
+bool pipeline::unmap_next(pending_copies pending) {
   outgoing& o = outs_[out_at_];
   if (o.next_map == o.maps.size()) {
     if (!o.started) start(o);
@@ -119,7 +123,7 @@ bool pipeline::unmap_next(bool block) {
   const auto& api = driver::api();
   for (; o.waited < m.pieces_end; ++o.waited) {
     CUevent e = o.done[o.waited];
-    if (block) {
+    if (pending == pending_copies::wait) {
       TAGMEM_CU(cuEventSynchronize, e);
     } else {
       CUresult r = api.cuEventQuery(e);
@@ -143,12 +147,12 @@ void pipeline::start(outgoing& o) {
             [](const backup_piece& a, const backup_piece& b) { return a.dev < b.dev; });
   t.extents().insert(t.extents().end(), o.extents.begin(), o.extents.end());
   o.extents.clear();
-  t.set_offloaded(mode_, true);
+  t.set_partially_offloaded(mode_);
   o.started = true;
 }
 
 void pipeline::commit(outgoing& o) {
-  o.t->set_offloaded(mode_, false);
+  o.t->set_offloaded(mode_);
   o.t->counters().offload_count++;
   o.t->counters().bytes_offloaded += mode_ == TAGMEM_BACKUP ? o.bytes : 0;
 }
@@ -171,7 +175,7 @@ void pipeline::restore_outs() noexcept {
     }
     try {
       keep_offloaded_pieces(*o.t);
-      o.t->set_offloaded(o.t->mode(), true);
+      o.t->set_partially_offloaded(o.t->mode());
       back.push_back(o.t);
     } catch (...) {  // no memory for records: the tag stays partial with every piece
     }
@@ -280,9 +284,7 @@ void pipeline::finish_ins() {
 void pipeline::commit(incoming& in) {
   tag& t = *in.t;
   for (in_run& r : in.runs) t.arena().adopt(r.va, r.size, std::move(r.parts));
-  store_.release(t.extents());
-  t.extents().clear();
-  t.pieces().clear();
+  finish_reload_backup(t, store_);
   t.set_resident();
   t.counters().reload_count++;
   t.counters().bytes_reloaded += in.copied;
@@ -324,6 +326,7 @@ void pipeline::run(tag* const* outs, std::size_t out_count, tag* const* ins, std
       for (std::size_t i = 0; i < out_count; ++i) {
         outs_.push_back({});
         outs_.back().t = outs[i];
+        drop_kept_backup(*outs[i], store_);  // the offload writes a fresh backup
         if (outs[i]->partial()) keep_offloaded_pieces(*outs[i]);
         plan_outgoing(outs_.back(), mode_, store_, cfg_.copy_piece_bytes);
       }
@@ -340,11 +343,11 @@ void pipeline::run(tag* const* outs, std::size_t out_count, tag* const* ins, std
   try {
     while (out_left() || in_open()) {
       bool progress = false;
-      while (out_left() && unmap_next(false)) progress = true;
+      while (out_left() && unmap_next(pending_copies::give_up)) progress = true;
       while (in_open() && map_next()) progress = true;
       if (!progress) {
         if (!out_left()) break;  // the in side stopped on a failure
-        unmap_next(true);
+        unmap_next(pending_copies::wait);
       }
     }
   } catch (...) {

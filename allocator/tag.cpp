@@ -17,10 +17,15 @@ std::size_t tag::host_bytes() const noexcept {
   return n;
 }
 
-void tag::set_offloaded(tagmem_offload_mode mode, bool partial) noexcept {
+void tag::set_offloaded(tagmem_offload_mode mode) noexcept {
   offloaded_ = true;
-  partial_ = partial;
+  partial_ = false;
   mode_ = mode;
+}
+
+void tag::set_partially_offloaded(tagmem_offload_mode mode) noexcept {
+  set_offloaded(mode);
+  partial_ = true;
 }
 
 void tag::set_resident() noexcept {
@@ -36,11 +41,10 @@ tagmem_tag_stats tag::stats() const {
   s.requested_bytes = t.requested_bytes;
   s.reserved_bytes = t.reserved_bytes;
   s.live_allocations = t.live_allocations;
-  auto& arena = const_cast<vm_arena&>(arena_);
-  s.mapped_bytes = arena.mapped_bytes();
-  s.virtual_bytes = arena.virtual_bytes();
+  s.mapped_bytes = arena_.mapped_bytes();
+  s.virtual_bytes = arena_.virtual_bytes();
   // Physical allocations: a resident record may hold several (Note [physical recycling]).
-  for (const auto& [va, m] : arena.mappings()) s.mappings += m.resident ? m.parts.size() : 1;
+  for (const auto& [va, m] : arena_.mappings()) s.mappings += m.resident ? m.parts.size() : 1;
   s.host_bytes = host_bytes();
   s.alloc_count = counters_.alloc_count;
   s.free_count = counters_.free_count;

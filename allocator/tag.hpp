@@ -46,6 +46,7 @@ class tag : public meta_object {
   vm_arena& arena() noexcept { return arena_; }
   block_pool& pool() noexcept { return pool_; }
   tag_counters& counters() noexcept { return counters_; }
+  const tag_counters& counters() const noexcept { return counters_; }
 
   bool offloaded() const noexcept { return offloaded_; }
   // Offloaded, some mappings still resident: an offload that stopped part way, which a later
@@ -62,8 +63,23 @@ class tag : public meta_object {
   meta_vector<backup_piece>& pieces() noexcept { return pieces_; }
   meta_vector<host_extent>& extents() noexcept { return extents_; }
   std::size_t host_bytes() const noexcept;
-  void set_offloaded(tagmem_offload_mode mode, bool partial) noexcept;
+  void set_offloaded(tagmem_offload_mode mode) noexcept;
+  void set_partially_offloaded(tagmem_offload_mode mode) noexcept;  // see partial()
   void set_resident() noexcept;
+
+  // Keeping the backup across a reload (backup_retention.hpp): the flag the caller set, and
+  // whether a resident tag holds a kept backup, with the tag's allocation and free counts when
+  // it was kept.
+  bool keep_backup() const noexcept { return keep_backup_; }
+  void set_keep_backup(bool keep) noexcept { keep_backup_ = keep; }
+  bool kept() const noexcept { return kept_; }
+  std::uint64_t kept_allocs() const noexcept { return kept_allocs_; }
+  std::uint64_t kept_frees() const noexcept { return kept_frees_; }
+  void set_kept(bool kept, std::uint64_t allocs, std::uint64_t frees) noexcept {
+    kept_ = kept;
+    kept_allocs_ = allocs;
+    kept_frees_ = frees;
+  }
 
   tagmem_tag_stats stats() const;
 
@@ -80,6 +96,9 @@ class tag : public meta_object {
   tagmem_offload_mode mode_ = TAGMEM_BACKUP;
   meta_vector<backup_piece> pieces_;  // sorted by device address
   meta_vector<host_extent> extents_;  // host store extents the pieces live in
+  bool keep_backup_ = false;
+  bool kept_ = false;
+  std::uint64_t kept_allocs_ = 0, kept_frees_ = 0;
 };
 
 }  // namespace tagmem

@@ -66,6 +66,7 @@ class vm_arena {
   void adopt(CUdeviceptr va, std::size_t bytes, meta_vector<physical_part> parts);
 
   meta_map<CUdeviceptr, mapping>& mappings() noexcept { return mappings_; }
+  const meta_map<CUdeviceptr, mapping>& mappings() const noexcept { return mappings_; }
   std::size_t mapped_bytes() const noexcept { return mapped_bytes_; }
   std::size_t virtual_bytes() const noexcept { return virtual_bytes_; }
   device& dev() noexcept { return dev_; }

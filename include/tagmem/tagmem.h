@@ -332,9 +332,22 @@ TAGMEM_API size_t tagmem_memory_margin(void);
  * must keep those from racing with its use of the view.
  * Errors: INVALID_ARGUMENT (null out-pointer, unknown flag bits), UNKNOWN_POINTER (not inside a
  * live tagmem allocation), TAG_RESIDENT (the tag is resident, or its offload stopped part way
- * and some of its bytes are still on the device), TAG_OFFLOADED (offloaded with TAGMEM_DISCARD:
- * no bytes were kept). On failure *host and *bytes are left unchanged. Thread-safe. */
+ * and some of its bytes are still on the device; a resident tag's current kept backup, see
+ * tagmem_set_keep_backup, is readable without TAGMEM_HOST_VIEW_WRITABLE), TAG_OFFLOADED (offloaded
+ * with TAGMEM_DISCARD: no bytes were kept). On failure *host and *bytes are left unchanged.
+ * Thread-safe. */
 TAGMEM_API tagmem_status tagmem_host_view(const void* ptr, int flags, void** host, size_t* bytes);
+
+/* Makes reloads of `tag` on `device` keep (keep != 0) or give back (0) its BACKUP host copy. A
+ * kept copy stays in the pinned host store after the reload with the bytes the tag had at its
+ * offload, and tagmem_host_view() reads it (never with TAGMEM_HOST_VIEW_WRITABLE: writing would
+ * not reach the device) while the tag is resident, until the tag allocates or frees (then
+ * TAG_RESIDENT: its allocations may have changed), is offloaded again (the new offload writes a
+ * fresh copy and the old one is given back first), or is reloaded with the flag off. Turning the
+ * flag off gives nothing back by itself. The kept copy counts in the tag's host_bytes and in the
+ * host budget; tagmem_host_trim() never frees it. Errors: UNKNOWN_TAG (create the tag first, for
+ * example with tagmem_push_tag), INVALID_ARGUMENT (bad device). Thread-safe. */
+TAGMEM_API tagmem_status tagmem_set_keep_backup(const char* tag, int device, int keep);
 
 /* ---- statistics ---------------------------------------------------------------------------- */
 

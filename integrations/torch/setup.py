@@ -2,7 +2,8 @@
 
 The package loads its native libraries at run time (see tagmem/_lib.py for where it looks) and
 carries them in tagmem/lib/: libtagmem.so.0, libtagmem_torch_alloc.so (the PyTorch allocator),
-libtagmem_preload.so (the LD_PRELOAD shim) and libtagmem_emu.so (the emulated driver).
+libtagmem_preload.so (the LD_PRELOAD shim), libtagmem_emu.so (the emulated driver) and, from a
+build configured with -DTAGMEM_BUILD_LIBTORCH=ON, libtagmem_libtorch.so (global mode's libtorch part).
 
 Where they come from:
 
@@ -35,6 +36,9 @@ _REQUIRED = {
 _OPTIONAL = {
     "libtagmem_preload.so": "integrations/preload/libtagmem_preload.so",
     "libtagmem_emu.so": "allocator/driver/emu/libtagmem_emu.so",
+    # Built only with -DTAGMEM_BUILD_LIBTORCH=ON (against the PyTorch in use): global mode then
+    # tracks record_stream and answers torch.cuda.memory_stats() (tagmem/torch/_global.py).
+    "libtagmem_libtorch.so": "integrations/torch/libtorch/libtagmem_libtorch.so",
 }
 _TARGETS = ["tagmem", "tagmem_torch_alloc", "tagmem_preload", "tagmem_emu"]
 

@@ -115,6 +115,80 @@ TEST_F(Allocation, ReuseAcrossStreamsIsOrderedAfterTheFreeingStream) {
   api.cuStreamDestroy(s2);
 }
 
+// Note [stream-ordered reuse] in block_pool.hpp: a stream takes its own cached block first, even
+// where another stream's fits better; a stream with no fitting block of its own takes the best
+// fit among the other streams' blocks.
+TEST_F(Allocation, ReuseTakesTheOwnStreamsBlockFirstThenTheBestFitOfOtherStreams) {
+  auto rng = rng_for_test();
+  const auto& api = driver_api_for_tests();
+  CUstream s1 = nullptr, s2 = nullptr, s3 = nullptr;
+  ASSERT_EQ(api.cuStreamCreate(&s1, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+  ASSERT_EQ(api.cuStreamCreate(&s2, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+  ASSERT_EQ(api.cuStreamCreate(&s3, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+  const std::size_t mib = 1 << 20;  // above 10 MiB every request has a segment of its own
+  void* big = nullptr;
+  void* fit = nullptr;
+  TAGMEM_OK(tagmem_malloc_tagged(&big, 16 * mib, "streams", 0, s1));
+  TAGMEM_OK(tagmem_malloc_tagged(&fit, 12 * mib, "streams", 0, s2));
+  TAGMEM_OK(tagmem_free(big, s1));
+  TAGMEM_OK(tagmem_free(fit, s2));
+  void* p = nullptr;
+  TAGMEM_OK(tagmem_malloc_tagged(&p, 12 * mib, "streams", 0, s1));
+  EXPECT_EQ(p, big);  // s1's own block, though s2's fits better
+  TAGMEM_OK(tagmem_free(p, s1));
+  TAGMEM_OK(tagmem_malloc_tagged(&p, 12 * mib, "streams", 0, s3));
+  EXPECT_EQ(p, fit);  // s3 has none: the best fit of s1's and s2's
+  void* q = nullptr;
+  TAGMEM_OK(tagmem_malloc_tagged(&q, 14 * mib, "streams", 0, s3));
+  EXPECT_EQ(q, big);  // the only block left that fits
+  const auto bytes = random_bytes(rng, 12 * mib);
+  ASSERT_EQ(api.cuMemcpyHtoDAsync(reinterpret_cast<CUdeviceptr>(p), bytes.data(), bytes.size(), s3),
+            CUDA_SUCCESS);
+  ASSERT_EQ(api.cuStreamSynchronize(s3), CUDA_SUCCESS);
+  EXPECT_EQ(read_device(p, bytes.size()), bytes);
+  tagmem_tag_stats s{};
+  TAGMEM_OK(tagmem_tag_stats_get("streams", 0, &s));
+  EXPECT_EQ(s.reserved_bytes, 28 * mib);  // no segment was made for the reuses
+  TAGMEM_OK(tagmem_free(p, s3));
+  TAGMEM_OK(tagmem_free(q, s3));
+  api.cuStreamDestroy(s1);
+  api.cuStreamDestroy(s2);
+  api.cuStreamDestroy(s3);
+}
+
+// Note [stream-ordered reuse]: neighbouring free blocks merge only when one stream may reuse both.
+TEST_F(Allocation, FreeNeighboursMergeOnlyWithinOneStream) {
+  const auto& api = driver_api_for_tests();
+  CUstream s1 = nullptr, s2 = nullptr, s3 = nullptr;
+  ASSERT_EQ(api.cuStreamCreate(&s1, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+  ASSERT_EQ(api.cuStreamCreate(&s2, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+  ASSERT_EQ(api.cuStreamCreate(&s3, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+  void* x = nullptr;
+  void* y = nullptr;
+  TAGMEM_OK(tagmem_malloc_tagged(&x, 4096, "merge", 0, s1));
+  TAGMEM_OK(tagmem_malloc_tagged(&y, 4096, "merge", 0, s1));
+  ASSERT_EQ(static_cast<char*>(y), static_cast<char*>(x) + 4096);  // the rest of the chunk follows
+  char* const rest = static_cast<char*>(x) + 8192;                 // cached for s1
+  TAGMEM_OK(tagmem_free(x, s2));
+  TAGMEM_OK(tagmem_free(y, s3));
+  void* z = nullptr;
+  TAGMEM_OK(tagmem_malloc_tagged(&z, 8192, "merge", 0, s2));
+  EXPECT_EQ(z, rest);             // x and y stayed apart: neither fits, s1's rest does
+  TAGMEM_OK(tagmem_free(z, s1));  // between s3's y and the rest, now s2's: no merge
+  TAGMEM_OK(tagmem_malloc_tagged(&y, 4096, "merge", 0, s3));
+  EXPECT_EQ(static_cast<char*>(y), static_cast<char*>(x) + 4096);  // s3's own block
+  TAGMEM_OK(tagmem_free(y, s2));                                   // now x and y merge
+  TAGMEM_OK(tagmem_malloc_tagged(&z, 8192, "merge", 0, s2));
+  EXPECT_EQ(z, x);
+  tagmem_tag_stats s{};
+  TAGMEM_OK(tagmem_tag_stats_get("merge", 0, &s));
+  EXPECT_EQ(s.mappings, 1u);
+  TAGMEM_OK(tagmem_free(z, s2));
+  api.cuStreamDestroy(s1);
+  api.cuStreamDestroy(s2);
+  api.cuStreamDestroy(s3);
+}
+
 TEST_F(Allocation, EmptyCacheReturnsIdleChunksAndKeepsLiveOnes) {
   auto rng = rng_for_test();
   std::vector<void*> big(4);

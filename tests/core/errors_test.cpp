@@ -1,5 +1,10 @@
 // errors_test.cpp — every bad input and resource failure gets a status and a message, changes
 // nothing and leaks nothing; a reload that runs out of memory loses nothing.
+#include <new>
+#include <stdexcept>
+
+#include "c_error.hpp"
+#include "error.hpp"
 #include "test_support.hpp"
 
 namespace tagmem::test {
@@ -13,6 +18,23 @@ TEST_F(Errors, UnknownTagsAreReported) {
   TAGMEM_FAILS_WITH(tagmem_reload(tags, 1, 0), TAGMEM_ERROR_UNKNOWN_TAG);
   tagmem_tag_stats s{};
   TAGMEM_FAILS_WITH(tagmem_tag_stats_get("nobody", 0, &s), TAGMEM_ERROR_UNKNOWN_TAG);
+}
+
+// Note [C boundary] in c_error.hpp: whatever a body throws becomes a status and a message.
+TEST_F(Errors, TheCBoundaryTurnsEveryExceptionIntoAStatusAndAMessage) {
+  auto rng = rng_for_test();
+  const std::string text = "failure " + std::to_string(rng());
+  EXPECT_EQ(c_boundary([&] { fail(TAGMEM_ERROR_PEER, text); }), TAGMEM_ERROR_PEER);
+  EXPECT_EQ(std::string(tagmem_last_error()), text);
+  EXPECT_EQ(c_boundary([] { throw std::bad_alloc(); }), TAGMEM_ERROR_HOST_OUT_OF_MEMORY);
+  EXPECT_EQ(std::string(tagmem_last_error()), "out of host memory for tagmem's records");
+  EXPECT_EQ(c_boundary([&] { throw std::logic_error(text); }), TAGMEM_ERROR_INTERNAL);
+  EXPECT_EQ(std::string(tagmem_last_error()), "internal error: " + text);
+  EXPECT_EQ(c_boundary([] { throw 7; }), TAGMEM_ERROR_INTERNAL);
+  EXPECT_EQ(std::string(tagmem_last_error()), "internal error: unknown exception");
+  bool ran = false;
+  EXPECT_EQ(c_boundary([&] { ran = true; }), TAGMEM_SUCCESS);
+  EXPECT_TRUE(ran);
 }
 
 TEST_F(Errors, BadArgumentsAreRejected) {

@@ -12,8 +12,10 @@
 #   python-api   pytest test_api.py test_entry_points.py test_dropin.py (torch-free suites) on
 #                this driver
 #   entry-cpp    tagmem_torch_entry_tests (the entry points from C++)
-#   pytest-gpu   pytest test_gpu_*.py (PyTorch: MemPool and global modes, graphs, training, compat)
-#   libtorch     builds integrations/torch/libtorch against this PyTorch; runs its test twice
+#   libtorch     builds integrations/torch/libtorch against this PyTorch; runs its test (main,
+#                late install, a recorded stream tracked and, with the hook off, not)
+#   pytest-gpu   pytest test_gpu_*.py (PyTorch: MemPool and global modes, graphs, training, compat,
+#                record_stream in global mode through the libtorch step's library)
 #   bench        integrations/torch/bench/phase_switch.py (8B-shaped weights, tagmem vs .to("cpu"))
 #   fsdp2        with --two-gpu: torchrun --nproc-per-node 2 tests/torch/fsdp2_two_gpu.py
 # With TAGMEM_LIBCUDA set (the emulated driver) only the torch-free steps can run: the PyTorch
@@ -141,8 +143,6 @@ if [[ $EMULATOR == 1 ]]; then
 elif ! step torch-available $PY -c 'import torch; assert torch.cuda.is_available(), "no CUDA device"; print(torch.__version__)'; then
   for s in pytest-gpu libtorch bench fsdp2; do not_run $s "PyTorch with CUDA is unavailable"; done
 else
-  wanted pytest-gpu && step pytest-gpu "${PYTEST[@]}" tests/torch/test_gpu_mempool.py tests/torch/test_gpu_training.py \
-    tests/torch/test_gpu_global.py tests/torch/test_gpu_compat.py tests/torch/test_gpu_dropin.py
 
   build_libtorch() {
     local prefix
@@ -153,9 +153,19 @@ else
       -DCMAKE_BUILD_TYPE=Release -DTAGMEM_BUILD_DIR="$BUILD" -DCMAKE_PREFIX_PATH="$prefix" &&
       cmake --build "$WORK/libtorch" -j "$(nproc)" &&
       "$WORK/libtorch/tagmem_libtorch_test" &&
-      "$WORK/libtorch/tagmem_libtorch_test" late
+      "$WORK/libtorch/tagmem_libtorch_test" late &&
+      "$WORK/libtorch/tagmem_libtorch_test" record &&
+      "$WORK/libtorch/tagmem_libtorch_test" record untracked
   }
+  # Before pytest-gpu: Python's global mode loads the library this builds (record streams,
+  # memory_stats, empty_cache; test_gpu_record_stream.py needs it).
   wanted libtorch && step libtorch build_libtorch
+  [[ -f "$WORK/libtorch/libtagmem_libtorch.so" ]] &&
+    export TAGMEM_LIBTORCH_LIBRARY="$WORK/libtorch/libtagmem_libtorch.so"
+
+  wanted pytest-gpu && step pytest-gpu "${PYTEST[@]}" tests/torch/test_gpu_mempool.py tests/torch/test_gpu_training.py \
+    tests/torch/test_gpu_global.py tests/torch/test_gpu_compat.py tests/torch/test_gpu_dropin.py \
+    tests/torch/test_gpu_record_stream.py
 
   if [[ $SIZE == small ]]; then
     BENCH_ARGS=(--layers 2 --scale 8 --cycles 3)

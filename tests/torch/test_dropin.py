@@ -75,6 +75,30 @@ def test_host_views_refuse_resident_discarded_and_foreign_memory(io, rng):
         tagmem.host_bytes(id(p))
 
 
+def test_a_kept_backup_is_read_after_reload_until_the_next_offload_replaces_it(io, rng):
+    sizes = [4096, 2 * MiB + 5]
+    pointers = [tagmem.raw_alloc(n, tag="kept") for n in sizes]
+    data = [fill(io, rng, p, n) for p, n in zip(pointers, sizes)]
+    tagmem.set_keep_backup("kept")
+    tagmem.offload("kept")
+    tagmem.reload("kept")
+    assert [tagmem.host_bytes(p) for p in pointers] == data
+    newer = fill(io, rng, pointers[0], sizes[0])
+    assert tagmem.host_bytes(pointers[0]) == data[0]  # a snapshot of the offload
+    with pytest.raises(tagmem.TagResidentError, match="read-only"):
+        tagmem.host_pieces(pointers[0], writable=True)
+    tagmem.offload("kept")
+    assert tagmem.host_bytes(pointers[0]) == newer
+    tagmem.set_keep_backup("kept", False)
+    tagmem.reload("kept")
+    with pytest.raises(tagmem.TagResidentError):
+        tagmem.host_bytes(pointers[1])
+    assert tagmem.stats("kept")["host_bytes"] == 0
+    assert io.read(pointers[0], sizes[0]) == newer and io.read(pointers[1], sizes[1]) == data[1]
+    with pytest.raises(tagmem.UnknownTagError):
+        tagmem.set_keep_backup("no-such-tag")
+
+
 def test_memory_margin_refuses_allocations_that_would_cross_it(io):
     warm = tagmem.raw_alloc(1, tag="m")
     free = io.free_bytes()
@@ -178,7 +202,7 @@ def test_install_refuses_when_another_torch_memory_saver_is_imported(clean_insta
         dropin.install()
 
 
-def test_disk_backup_and_retained_backups_say_what_to_use_instead(monkeypatch):
+def test_disk_backup_says_what_to_use_instead_and_retention_is_a_setting(monkeypatch):
     from tagmem.compat.torch_memory_saver import TorchMemorySaver
 
     saver = TorchMemorySaver()
@@ -194,17 +218,17 @@ def test_disk_backup_and_retained_backups_say_what_to_use_instead(monkeypatch):
     with pytest.raises(ValueError):
         saver.hook_mode = "other"
     assert saver.retain_cpu_backup is False
+    saver.retain_cpu_backup = True
+    assert saver.retain_cpu_backup is True
     saver.retain_cpu_backup = False
-    with pytest.raises(NotImplementedError, match="get_cpu_backup"):
-        saver.retain_cpu_backup = True
+    assert saver.retain_cpu_backup is False
     with pytest.raises(RuntimeError, match="before first use"):
         saver.hook_mode = "preload"
     saver.memory_margin_bytes = 12345
     assert tagmem.memory_margin() == 12345
     tagmem.set_memory_margin(0)
     monkeypatch.setenv("TMS_RETAIN_CPU_BACKUP", "1")
-    with pytest.raises(NotImplementedError, match="TMS_RETAIN_CPU_BACKUP"):
-        TorchMemorySaver().retain_cpu_backup
+    assert TorchMemorySaver().retain_cpu_backup is True
 
 
 # ---- preload hook mode ----------------------------------------------------------------------------
@@ -350,8 +374,37 @@ def test_vllm_plugin_entry_point_installs_only_when_asked(monkeypatch):
 
     monkeypatch.delitem(sys.modules, tv.MODULE, raising=False)
     monkeypatch.delenv(tv.ENABLE_VARIABLE, raising=False)
-    backend = tv.register()
-    assert not tv.installed() and backend.name == "tagmem"
+    tv.register()
+    assert not tv.installed() and not tv.SleepBackend.is_supported()
     monkeypatch.setenv(tv.ENABLE_VARIABLE, "1")
     tv.register()
-    assert tv.installed()
+    assert tv.installed() and tv.SleepBackend.is_supported()
+
+
+def test_vllm_plugin_registers_the_sleep_backend_vllm_selects_by_name():
+    # vLLM's registry refuses a name registered twice, and plugins load more than once per
+    # process: register() must be idempotent. Without TAGMEM_AS_VLLM_CUMEM the backend is
+    # registered but reports itself unsupported (the weights would not be in tagmem's tags).
+    code = """
+        import json, types
+        import tagmem.compat.vllm as tv
+        from vllm.device_allocator import sleep_mode_backend as smb
+        out = [tv.register(), tv.register()]
+        config = types.SimpleNamespace(sleep_mode_backend="tagmem")
+        try:
+            backend = smb.SleepModeBackendFactory.create_backend(config)
+            out += [type(backend) is tv.SleepBackend, isinstance(backend, smb.SleepModeBackend),
+                    backend.state(), backend.preserves_communicators(), tv.installed()]
+        except ValueError as e:
+            out.append(str(e))
+        print(json.dumps(out))
+        """
+    env = {"PYTHONPATH": f"{STANDINS}:{PACKAGE}"}
+    enabled = run_python(code, dict(env, TAGMEM_AS_VLLM_CUMEM="1"))
+    assert enabled == [True, True, True, True, "RUNNING", True, True]
+    disabled = run_python(code, dict(env, TAGMEM_AS_VLLM_CUMEM=None))
+    assert disabled == [True, True, "Sleep-mode backend 'tagmem' is not supported on this platform."]
+    without_registry = run_python(
+        "import json, tagmem.compat.vllm as tv; print(json.dumps(tv.register()))", {"PYTHONPATH": PACKAGE}
+    )
+    assert without_registry is False

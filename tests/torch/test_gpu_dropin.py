@@ -46,6 +46,34 @@ def test_host_tensor_reads_an_offloaded_tensor_and_a_view_writes_what_reload_res
         tt.host_tensor(a)
 
 
+def test_retained_cpu_backup_outlives_resume_and_each_pause_refreshes_it():
+    saver = dropin.TorchMemorySaver()
+    saver.hook_mode = "torch"
+    assert saver.retain_cpu_backup is False
+    g = torch.Generator(device="cuda").manual_seed(13)
+    with saver.region(tag="rt_w", enable_cpu_backup=True):
+        w = torch.randint(0, 256, (4 * MiB + 77,), dtype=torch.uint8, device="cuda", generator=g)
+    first = w.cpu()
+    saver.pause("rt_w")
+    saver.retain_cpu_backup = True
+    saver.resume("rt_w")
+    kept = saver.get_cpu_backup(w, zero_copy=True)
+    assert kept is not None and torch.equal(kept, first)
+    w.copy_(torch.randint(0, 256, w.shape, dtype=torch.uint8, device="cuda", generator=g))
+    second = w.cpu()
+    assert not torch.equal(second, first)
+    assert torch.equal(saver.get_cpu_backup(w), first)  # the snapshot of the last pause
+    del kept
+    saver.retain_cpu_backup = False  # gives nothing back by itself
+    assert torch.equal(saver.get_cpu_backup(w), first)
+    saver.pause("rt_w")  # writes a fresh copy
+    assert torch.equal(saver.get_cpu_backup(w, zero_copy=True), second)
+    saver.resume("rt_w")  # without retention: the copy is given back
+    assert saver.get_cpu_backup(w) is None
+    assert torch.equal(w.cpu(), second)
+    assert tt.stats("rt_w")["host_bytes"] == 0
+
+
 def test_torch_mode_backup_disable_margin_and_a_resume_that_does_not_fit():
     saver = dropin.TorchMemorySaver()
     saver.hook_mode = "torch"

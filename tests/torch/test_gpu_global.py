@@ -12,9 +12,14 @@ import textwrap
 import torch  # noqa: F401  (a collection error without PyTorch, never a silent pass)
 
 
-def run(code):
+def run(code, **env_changes):
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+    for k, v in env_changes.items():
+        if v is None:
+            env.pop(k, None)
+        else:
+            env[k] = v
     result = subprocess.run(
         [sys.executable, "-c", textwrap.dedent(code)], env=env, capture_output=True, text=True
     )
@@ -59,15 +64,51 @@ def test_global_mode_puts_every_allocation_in_the_thread_scope_and_survives_offl
             reserved = "works"
         except RuntimeError as e:
             reserved = "raises"
-        torch.cuda.empty_cache()  # a no-op for the pluggable allocator, must not fail
+        torch.cuda.empty_cache()  # a no-op for the bare pluggable allocator, must not fail
         del w, flat, view
         tt.empty_cache()
-        print("memory_reserved", reserved, "mapped_after_free", tt.stats("g_weights")["mapped_bytes"])
+        print("memory_reserved", reserved, "mapped_after_free", tt.stats("g_weights")["mapped_bytes"],
+              "full", tt.full_support())
+        """,
+        TAGMEM_LIBTORCH_LIBRARY="none",
+    )
+    # Documented in docs/torch.md: without libtagmem_libtorch.so, PyTorch's pluggable allocator
+    # has no statistics.
+    assert "memory_reserved raises" in out and "full False" in out
+    assert "mapped_after_free 0" in out
+
+
+def test_global_mode_through_libtorch_answers_memory_stats_and_empty_cache():
+    if not os.environ.get("TAGMEM_LIBTORCH_LIBRARY"):
+        raise AssertionError(
+            "TAGMEM_LIBTORCH_LIBRARY is not set: gpu_run.sh's libtorch step builds "
+            "libtagmem_libtorch.so and sets it"
+        )
+    out = run(
+        """
+        import torch, tagmem, tagmem.torch as tt
+        tt.install()
+        assert tt.full_support()
+        with tt.tag("s_w"):
+            a = torch.empty(48 * 2**20, dtype=torch.uint8, device="cuda")
+        b = torch.empty(3 * 2**20 + 5, dtype=torch.uint8, device="cuda")
+        requested = sum(tt.stats(n)["requested_bytes"] for n in tagmem.tags(0))
+        stats = torch.cuda.memory_stats()
+        assert stats["allocated_bytes.all.current"] == requested, (stats, requested)
+        assert torch.cuda.memory_allocated() == requested
+        assert torch.cuda.memory_reserved() == tt.stats()["reserved_bytes"]
+        peak = torch.cuda.max_memory_allocated()
+        del a
+        assert torch.cuda.memory_allocated() == requested - 48 * 2**20
+        assert torch.cuda.max_memory_allocated() == peak
+        torch.cuda.reset_peak_memory_stats()
+        assert torch.cuda.max_memory_allocated() == torch.cuda.memory_allocated()
+        assert tt.stats("s_w")["mapped_bytes"] > 0
+        torch.cuda.empty_cache()  # reaches tagmem_empty_cache
+        print("mapped_after_empty_cache", tt.stats("s_w")["mapped_bytes"])
         """
     )
-    # Documented in docs/torch.md: PyTorch's pluggable allocator has no statistics.
-    assert "memory_reserved raises" in out
-    assert "mapped_after_free 0" in out
+    assert "mapped_after_empty_cache 0" in out
 
 
 def test_install_after_cuda_initialised_is_a_clear_error():

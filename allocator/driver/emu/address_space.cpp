@@ -86,11 +86,6 @@ region* region_at(lock&, uintptr_t addr) {
   return it == t().regions.end() ? nullptr : &it->second;
 }
 
-region* region_starting_at(lock&, uintptr_t base) {
-  auto it = t().regions.find(base);
-  return it == t().regions.end() ? nullptr : &it->second;
-}
-
 bool any_region_in(lock&, uintptr_t base, size_t size) {
   auto it = t().regions.lower_bound(base);
   if (it != t().regions.end() && it->first < base + size) return true;

@@ -55,8 +55,6 @@ region& add_region(lock&, region r);
 void remove_region(lock&, uintptr_t base);
 // The region containing `addr`, or null.
 region* region_at(lock&, uintptr_t addr);
-// The region starting exactly at `base`, or null.
-region* region_starting_at(lock&, uintptr_t base);
 bool any_region_in(lock&, uintptr_t base, size_t size);
 // Mappings that exactly tile [base, base+size), in address order; empty when the range does not
 // start and end on mapping boundaries, has a gap, or touches a device allocation.

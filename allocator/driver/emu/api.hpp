@@ -6,6 +6,18 @@
 // which counts the call, returns an injected fault if one is due (before any side effect, see
 // Note [emu fault injection] in faults.hpp) and rejects calls made before cuInit. The four entry
 // points the real driver serves before cuInit use TAGMEM_EMU_ENTRY_ANY_TIME instead.
+//
+// Note [emu layers]: the emulator's files form layers; a file calls (and includes) only files of
+// the layers below it, so no two files depend on each other. From the bottom:
+//   1. state, faults, errors: the lock, devices, live-object counters, fault injection;
+//      address_space, physical: the device address space and cuMemCreate'd memory;
+//   2. contexts: primary contexts, the calling thread's current context, sticky errors;
+//   3. streams: stream queues and their workers, stream handles resolved against contexts;
+//   4. classic: cuMemAlloc and the stream-ordered pool, which waits on streams;
+//      host_memory: pinned host memory, which waits on streams; vmm, devices;
+//   5. events, copies: work queued on streams against the memory of the layers below;
+//      synchronize: the entry points that act on every layer (stream and context synchronize
+//      trim the pool; releasing a primary context drains its streams and frees its allocations).
 #pragma once
 
 #include <cuda.h>

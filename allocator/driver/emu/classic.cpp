@@ -130,8 +130,15 @@ pool* find_pool(CUmemoryPool handle) {
 
 }  // namespace
 
-void trim_pool(lock& held, int device) {
+CUresult finish_synchronize(int device) {
+  lock held = take_lock();
   release_cached(held, device, t().pools[device].release_threshold);
+  return sticky_error(device);
+}
+
+CUresult synchronize_device(int device) {
+  wait_device_streams(device);
+  return finish_synchronize(device);
 }
 
 void release_context_allocations(lock& held, int device, uint64_t generation) {

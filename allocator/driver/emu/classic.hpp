@@ -14,8 +14,11 @@
 
 namespace tagmem::emu {
 
-// Frees cached pool blocks of `device` above its release threshold.
-void trim_pool(lock&, int device);
+// What every synchronize does once its wait is over: frees `device`'s cached pool blocks above
+// its release threshold, as the real driver does, and returns the device's sticky error.
+CUresult finish_synchronize(int device);
+// A device-wide synchronize: waits for every stream of `device`, then finish_synchronize.
+CUresult synchronize_device(int device);
 // Frees every block made in `generation` of `device`'s context (context teardown).
 void release_context_allocations(lock&, int device, uint64_t generation);
 

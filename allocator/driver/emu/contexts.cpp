@@ -1,19 +1,16 @@
-// contexts.cpp — cuDevicePrimaryCtx*, cuCtx*, cuMemGetInfo; see contexts.hpp.
+// contexts.cpp — cuDevicePrimaryCtxRetain, cuCtxGet/SetCurrent, cuCtxGetDevice, cuMemGetInfo;
+// see contexts.hpp. The entry points that wait for streams or tear a context down
+// (cuCtxSynchronize, cuDevicePrimaryCtxRelease) sit a layer above, in synchronize.cpp.
 //
 // A CUcontext is the address of its device's slot in a fixed array, so validating one is a range
 // check and the handle stays the same across retain/release cycles, as the real primary context
-// does. The current context is a thread_local pointer. Releasing the last reference tears the
-// context down the way the driver does: queued work on its streams runs to completion, its
-// cuMemAlloc blocks and its own footprint (TAGMEM_EMU_CONTEXT_BYTES) are freed, its sticky error
-// is cleared, and its generation moves on.
+// does. The current context is a thread_local pointer.
 #include "contexts.hpp"
 
 #include <array>
 #include <atomic>
 
 #include "api.hpp"
-#include "classic.hpp"
-#include "streams.hpp"
 
 namespace tagmem::emu {
 namespace {
@@ -59,18 +56,6 @@ CUresult get_device(CUdevice* device, CUcontext ctx) {
   return CUDA_SUCCESS;
 }
 
-// cuCtxSynchronize for `ctx`, or for the current context when null.
-CUresult synchronize(CUcontext ctx) {
-  context* slot = ctx == nullptr ? current : from_handle(ctx);
-  if (slot == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
-  {
-    lock held = take_lock();
-    if (CUresult r = check_context(held, slot->device, slot->generation); r != CUDA_SUCCESS)
-      return r;
-  }
-  return synchronize_device(slot->device);
-}
-
 }  // namespace
 
 CUresult current_device(lock& held, int* device) {
@@ -86,6 +71,20 @@ CUresult check_context(lock&, int device, uint64_t generation) {
 }
 
 uint64_t context_generation(lock&, int device) { return table().slots[device].generation; }
+
+CUresult resolve_context(lock& held, CUcontext ctx, int* device) {
+  context* slot = ctx == nullptr ? current : from_handle(ctx);
+  if (slot == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
+  *device = slot->device;
+  return check_context(held, slot->device, slot->generation);
+}
+
+CUresult drop_primary_reference(lock&, int device, std::optional<uint64_t>* dying) {
+  context& c = table().slots[device];
+  if (c.refs == 0) return CUDA_ERROR_INVALID_CONTEXT;
+  if (--c.refs == 0) *dying = c.generation++;
+  return CUDA_SUCCESS;
+}
 
 CUresult sticky_error(int device) {
   return static_cast<CUresult>(table().sticky[device].load(std::memory_order_acquire));
@@ -116,23 +115,6 @@ TAGMEM_EMU_EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext* pctx, CUdevice de
   return CUDA_SUCCESS;
 }
 
-TAGMEM_EMU_EXPORT CUresult cuDevicePrimaryCtxRelease(CUdevice dev) {
-  TAGMEM_EMU_ENTRY(cuDevicePrimaryCtxRelease);
-  if (!valid_device(dev)) return CUDA_ERROR_INVALID_DEVICE;
-  lock held = take_lock();
-  context& c = table().slots[dev];
-  if (c.refs == 0) return CUDA_ERROR_INVALID_CONTEXT;
-  if (--c.refs > 0) return CUDA_SUCCESS;
-  const uint64_t dying = c.generation++;
-  held.unlock();
-  drain_device_streams(dev, dying);
-  held.lock();
-  release_context_allocations(held, dev, dying);
-  uncharge(held, dev, context_bytes());
-  clear_sticky_error(dev);
-  return CUDA_SUCCESS;
-}
-
 TAGMEM_EMU_EXPORT CUresult cuCtxGetCurrent(CUcontext* pctx) {
   TAGMEM_EMU_ENTRY(cuCtxGetCurrent);
   if (pctx == nullptr) return CUDA_ERROR_INVALID_VALUE;
@@ -160,11 +142,6 @@ TAGMEM_EMU_EXPORT CUresult cuCtxGetDevice_v2(CUdevice* device, CUcontext ctx) {
   return get_device(device, ctx);
 }
 
-TAGMEM_EMU_EXPORT CUresult cuCtxSynchronize_v2(CUcontext ctx) {
-  TAGMEM_EMU_ENTRY(cuCtxSynchronize);
-  return synchronize(ctx);
-}
-
 TAGMEM_EMU_EXPORT CUresult cuMemGetInfo(size_t* free, size_t* total) {
   TAGMEM_EMU_ENTRY(cuMemGetInfo);
   if (free == nullptr || total == nullptr) return CUDA_ERROR_INVALID_VALUE;
@@ -179,14 +156,8 @@ TAGMEM_EMU_EXPORT CUresult cuMemGetInfo(size_t* free, size_t* total) {
 }
 
 #undef cuCtxGetDevice
-#undef cuCtxSynchronize
 
 TAGMEM_EMU_EXPORT CUresult cuCtxGetDevice(CUdevice* device) {
   TAGMEM_EMU_ENTRY(cuCtxGetDevice);
   return get_device(device, nullptr);
-}
-
-TAGMEM_EMU_EXPORT CUresult cuCtxSynchronize(void) {
-  TAGMEM_EMU_ENTRY(cuCtxSynchronize);
-  return synchronize(nullptr);
 }

@@ -18,6 +18,7 @@
 #include <cuda.h>
 
 #include <cstdint>
+#include <optional>
 
 #include "state.hpp"
 
@@ -31,6 +32,15 @@ CUresult current_device(lock&, int* device);
 // same failures as current_device.
 CUresult check_context(lock&, int device, uint64_t generation);
 uint64_t context_generation(lock&, int device);
+// The device of `ctx` (null: the current context), with the failures of check_context;
+// CUDA_ERROR_INVALID_CONTEXT when it names no context.
+CUresult resolve_context(lock&, CUcontext ctx, int* device);
+
+// cuDevicePrimaryCtxRelease's bookkeeping: drops one reference to `device`'s primary context
+// (CUDA_ERROR_INVALID_CONTEXT when it has none). When that was the last, the generation moves on,
+// so the context's streams, events and allocations are dead from now, and `*dying` is the old
+// generation, for the caller to tear down; else `*dying` stays empty.
+CUresult drop_primary_reference(lock&, int device, std::optional<uint64_t>* dying);
 
 CUresult sticky_error(int device);
 // Records `error` as the device's sticky error unless one is recorded already.

@@ -153,9 +153,7 @@ TAGMEM_EMU_EXPORT CUresult cuEventSynchronize(CUevent handle) {
     device = e->device;
   }
   if (m) m->wait();
-  lock held = take_lock();
-  trim_pool(held, device);
-  return sticky_error(device);
+  return finish_synchronize(device);
 }
 
 TAGMEM_EMU_EXPORT CUresult cuEventElapsedTime(float* milliseconds, CUevent start, CUevent end) {

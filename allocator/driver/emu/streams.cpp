@@ -1,4 +1,4 @@
-// streams.cpp — stream objects with worker threads; cuStreamCreate/Destroy/Synchronize/Query.
+// streams.cpp — stream objects with worker threads; cuStreamCreate/Destroy/Query.
 //
 // A stream counts operations submitted and completed; waiting for a ticket (the submitted count
 // at some moment) is waiting for `completed` to reach it, so a synchronize never waits for work
@@ -17,7 +17,6 @@
 #include <vector>
 
 #include "api.hpp"
-#include "classic.hpp"
 #include "contexts.hpp"
 
 namespace tagmem::emu {
@@ -247,11 +246,8 @@ bool idle(const target& where) {
   return all;
 }
 
-CUresult synchronize_device(int device) {
+void wait_device_streams(int device) {
   wait_for(snapshot([&](stream& s) { return s.device == device; }));
-  lock held = take_lock();
-  trim_pool(held, device);
-  return sticky_error(device);
 }
 
 void synchronize_all_devices() {
@@ -293,19 +289,6 @@ TAGMEM_EMU_EXPORT CUresult cuStreamDestroy(CUstream handle) {
   held.unlock();
   s->stop();
   return status;
-}
-
-TAGMEM_EMU_EXPORT CUresult cuStreamSynchronize(CUstream handle) {
-  TAGMEM_EMU_ENTRY(cuStreamSynchronize);
-  target where;
-  {
-    lock held = take_lock();
-    if (CUresult r = resolve_stream(held, handle, &where); r != CUDA_SUCCESS) return r;
-  }
-  wait_idle(where);
-  lock held = take_lock();
-  trim_pool(held, where.device);
-  return sticky_error(where.device);
 }
 
 TAGMEM_EMU_EXPORT CUresult cuStreamQuery(CUstream handle) {

@@ -45,8 +45,8 @@ void submit_wait(const target& where, operation wait);
 void wait_idle(const target& where);
 bool idle(const target& where);
 
-// Waits for every stream of `device`, trims its pool; returns its sticky error.
-CUresult synchronize_device(int device);
+// Waits for everything queued so far on every stream of `device`.
+void wait_device_streams(int device);
 // Waits for every stream of every device (cuMemFreeHost and cuMemHostUnregister do).
 void synchronize_all_devices();
 // Lets the streams of a context generation that is being torn down run dry.

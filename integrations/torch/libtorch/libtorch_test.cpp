@@ -3,7 +3,16 @@
 //
 // Usage: tagmem_libtorch_test           the main test (install() first, then CUDA tensors)
 //        tagmem_libtorch_test late      install() after CUDA initialised must throw api_error
+//        tagmem_libtorch_test record [untracked]
+//            a tensor recorded on a busy side stream is freed and its memory allocated again:
+//            the new bytes must survive the side stream's late write (with "untracked", installed
+//            without record-stream tracking: they must be overwritten, which shows the test can
+//            fail)
 // Exits non-zero if any check fails; each check prints PASS or FAIL with what it compared.
+#include <ATen/cuda/Sleep.h>
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
 #include <torch/torch.h>
 
 #include <cstdio>
@@ -45,10 +54,51 @@ int late() {
   return g_failures == 0 ? 0 : 1;
 }
 
+// Note [recorded stream test]: x lives on the default stream and is used on a side stream that is
+// busy (a long sleep kernel, then a write of x). x is recorded there and freed; y, allocated at
+// once on the default stream, gets x's memory. Tracked, y's allocation waits for the side
+// stream's work before the memory is handed out, so the random bytes copied into y survive;
+// untracked, the side stream's late write lands on them.
+int record(bool expect_overwritten) {
+  tagmem::libtorch::install(/*track_record_streams=*/!expect_overwritten);
+  const int64_t n = 64 << 20;
+  const auto opts = torch::TensorOptions().device(torch::kCUDA).dtype(torch::kUInt8);
+  torch::manual_seed(4321);
+  const at::Tensor data = torch::randint(0, 256, {n}, torch::TensorOptions().dtype(torch::kUInt8));
+  at::Tensor x = torch::zeros({n}, opts);
+  void* const x_ptr = x.data_ptr();
+  torch::cuda::synchronize();
+  auto side = c10::cuda::getStreamFromPool(false, 0);
+  {
+    c10::cuda::CUDAStreamGuard guard(side);
+    at::cuda::sleep(int64_t(3) << 30);  // about a second or more of clock cycles
+    x.fill_(0xA5);
+  }
+  x.record_stream(side);
+  x.reset();
+  at::Tensor y = torch::empty({n}, opts);
+  check(y.data_ptr() == x_ptr, "y got x's memory (else the test shows nothing)");
+  y.copy_(data.to(torch::kCUDA));
+  torch::cuda::synchronize();
+  const int64_t differing = y.cpu().ne(data).sum().item<int64_t>();
+  if (expect_overwritten) {
+    check(differing > 0, "untracked: the side stream's late write overwrote y (" +
+                             std::to_string(differing) + " bytes differ)");
+  } else {
+    check(differing == 0,
+          "tracked: no byte of y overwritten (" + std::to_string(differing) + " bytes differ)");
+  }
+  std::printf("%s: %d failed check(s)\n", g_failures == 0 ? "PASS" : "FAIL", g_failures);
+  return g_failures == 0 ? 0 : 1;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   if (argc > 1 && std::strcmp(argv[1], "late") == 0) return late();
+  if (argc > 1 && std::strcmp(argv[1], "record") == 0) {
+    return record(argc > 2 && std::strcmp(argv[2], "untracked") == 0);
+  }
 
   tagmem::libtorch::install();
   tagmem::libtorch::install();  // again: harmless
@@ -105,8 +155,18 @@ int main(int argc, char** argv) {
   flat.reset();
   check(tagmem::tag_stats("weights", 0).live_allocations == 0,
         "freeing the tensors frees their tagmem allocations");
-  tagmem::empty_cache();
-  check(tagmem::tag_stats("weights", 0).mapped_bytes == 0, "empty_cache() returns the memory");
+  // Every CUDA allocation of this program went through tagmem: PyTorch's statistics must add
+  // up to what tagmem's tags were asked for.
+  const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(0);
+  const int64_t requested = int64_t(tagmem::tag_stats("weights", 0).requested_bytes +
+                                    tagmem::tag_stats("default", 0).requested_bytes);
+  check(stats.allocated_bytes[0].current == requested,
+        "getDeviceStats(): allocated bytes " + std::to_string(stats.allocated_bytes[0].current) +
+            " == tagmem's requested bytes " + std::to_string(requested));
+  check(stats.allocated_bytes[0].peak >= int64_t(20) << 20, "getDeviceStats(): peak >= 20 MiB");
+  c10::cuda::CUDACachingAllocator::emptyCache();  // what torch.cuda.empty_cache() calls
+  check(tagmem::tag_stats("weights", 0).mapped_bytes == 0,
+        "PyTorch's emptyCache() returns the memory through tagmem");
 
   std::printf("%s: %d failed check(s)\n", g_failures == 0 ? "PASS" : "FAIL", g_failures);
   return g_failures == 0 ? 0 : 1;

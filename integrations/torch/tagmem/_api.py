@@ -375,6 +375,14 @@ def host_bytes(ptr, nbytes=None):
     return b"".join(ctypes.string_at(a, n) for a, n in host_pieces(ptr, nbytes))
 
 
+def set_keep_backup(name, keep=True, device=None):
+    """Makes reloads of tag `name` keep (or give back) its BACKUP host copy
+    (tagmem_set_keep_backup): after a keeping reload, host_pieces/host_view/host_bytes read the
+    bytes the tag had at its offload, read-only, until the tag allocates or frees, is offloaded
+    again or is reloaded without the flag. Raises UnknownTagError for a tag that does not exist."""
+    _errors.check(_lib.lib().tagmem_set_keep_backup(_name(name), _device(device), 1 if keep else 0))
+
+
 # ---- free-memory margin -------------------------------------------------------------------------
 
 

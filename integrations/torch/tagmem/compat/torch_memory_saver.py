@@ -25,7 +25,7 @@ returns once the memory is back with the driver; ``resume(tag)`` maps it again a
 addresses. Pausing a paused tag or resuming a resident one raises TagOffloadedError /
 TagResidentError; a resume that does not fit raises OutOfMemoryError (a MemoryError) with the tag
 still paused and its backup intact, so it can be retried. Differences from torch_memory_saver are
-listed in docs/torch.md (disk backup and retain_cpu_backup=True raise NotImplementedError).
+listed in docs/torch.md (disk backup raises NotImplementedError).
 """
 
 import contextlib
@@ -40,11 +40,6 @@ _TAG_DEFAULT = "default"
 _NO_DISK = (
     "tagmem has no disk tier: use enable_cpu_backup=True (pinned host memory), or keep the "
     "bytes yourself (get_cpu_backup() while paused, tagmem.host_pieces())"
-)
-_NO_RETAIN = (
-    "tagmem gives the host copy back when the tag is resumed, so retain_cpu_backup=True is not "
-    "supported: read the backup with get_cpu_backup() while the tag is paused (zero_copy=True "
-    "reads it in place), or keep your own copy"
 )
 
 
@@ -83,8 +78,6 @@ class _Impl:
     """The initialised state behind TorchMemorySaver (created on first use)."""
 
     def __init__(self, hook_mode=None):
-        if _tms_env.flag("TMS_RETAIN_CPU_BACKUP"):
-            raise NotImplementedError("TMS_RETAIN_CPU_BACKUP=1: " + _NO_RETAIN)
         if _tms_env.flag("TMS_INIT_ENABLE_DISK_BACKUP") or _tms_env.flag("TMS_DISK_BACKUP_DIR"):
             raise NotImplementedError("TMS_INIT_ENABLE_DISK_BACKUP / TMS_DISK_BACKUP_DIR: " + _NO_DISK)
         if hook_mode is None:
@@ -97,6 +90,9 @@ class _Impl:
                 "torch_memory_saver.configure_subprocess(), or with LD_PRELOAD set to the shim"
             )
         self.hook_mode = hook_mode
+        # Consulted at each resume, as torch_memory_saver does: a resume with it on keeps the
+        # host copy of the tags it brings back (tagmem_set_keep_backup).
+        self.retain_cpu_backup = _tms_env.flag("TMS_RETAIN_CPU_BACKUP")
         self._binary_wrapper = _BinaryWrapper(self)
         self._lock = threading.Lock()
         self._backup = {}  # tag -> whether pause keeps its bytes
@@ -234,6 +230,9 @@ class _Impl:
                 raise _errors.error_for(4, f"torch_memory_saver.resume: tag '{tag}' is not paused")
             work.append((d, [n for n in names if states[n] != "resident"]))
         for d, names in work:
+            for n in names:
+                if self._backup.get(n, False):
+                    _api.set_keep_backup(n, self.retain_cpu_backup, d)
             if names:
                 _api.reload(names, d)
 
@@ -247,19 +246,29 @@ class _Impl:
                 "get_cpu_backup: the tensor was not created in a torch_memory_saver region"
             ) from None
         state = _api.state(owner["tag"], owner["device"])
-        if state == "resident":
-            return None
         if state == "offloaded_discard":
             raise _errors.error_for(
                 3,
                 f"get_cpu_backup: tag '{owner['tag']}' is paused without a CPU backup "
                 "(open its region with enable_cpu_backup=True)",
             )
+        if state == "resident":
+            return _kept_backup(x, zero_copy)
         if zero_copy and len(_api.host_pieces(x.data_ptr(), x.numel() * x.element_size())) == 1:
             return _tt().host_tensor(x, copy=False)
         # A backup that lies in several host pieces has no single view: callers get its bytes
         # as a copy, which is what they read either way.
         return _tt().host_tensor(x, copy=True)
+
+
+def _kept_backup(x, zero_copy):
+    """The backup a retaining resume kept for active `x` (its bytes at the last pause), or None
+    when there is none (never retained, or the tag allocated or freed since)."""
+    try:
+        pieces = _api.host_pieces(x.data_ptr(), x.numel() * x.element_size())
+    except _errors.TagResidentError:
+        return None
+    return _tt().tensor_over_pieces(pieces, x, copy=not (zero_copy and len(pieces) == 1))
 
 
 class TorchMemorySaver:
@@ -351,19 +360,23 @@ class TorchMemorySaver:
 
     @property
     def retain_cpu_backup(self):
-        """Always False under tagmem (see the setter)."""
-        self._ensure_initialized()
-        return False
+        """Whether a resume keeps the pinned host copy of the CPU-backed-up tags it brings back
+        (TMS_RETAIN_CPU_BACKUP=1 sets it at start). A kept copy holds the bytes of the last pause;
+        get_cpu_backup() returns it while the tensor is active, until its tag is paused again
+        (which writes a fresh copy), resumed without retention, or allocates or frees. Setting
+        it to False gives no copy back by itself: the next non-retaining resume does."""
+        return self._ensure_initialized().retain_cpu_backup
 
     @retain_cpu_backup.setter
     def retain_cpu_backup(self, value):
-        self._ensure_initialized()
-        if value:
-            raise NotImplementedError(_NO_RETAIN)
+        self._ensure_initialized().retain_cpu_backup = bool(value)
 
     def get_cpu_backup(self, x, zero_copy=False):
         """A CPU tensor of `x`'s bytes while its tag is paused with a CPU backup (zero_copy=True:
-        a view of the pinned backup itself, valid until resume); None while `x` is active."""
+        a view of the pinned backup itself, valid until resume); while `x` is active, the copy a
+        retaining resume kept (a snapshot of the last pause; zero_copy: a view, read-only by
+        contract, valid until the tag is paused or resumed again) or None when there is none.
+        Raises TagOffloadedError when the tag was paused without a backup."""
         return self._ensure_initialized().get_cpu_backup(x, zero_copy)
 
     def set_disk_backup_dir(self, path):

@@ -18,10 +18,17 @@ discarded), level 2 ``sleep(offload_tags=())`` (everything discarded). Tensors c
 ``use_memory_pool(tag)`` live in tagmem tag `tag` (tagmem.torch.tag) and keep their addresses
 across sleep and wake_up, so CUDA graphs and views stay valid.
 
+vLLM versions that select a sleep-mode backend by name find this one as "tagmem"
+(``sleep_mode_backend="tagmem"``): the entry point registers SleepBackend in vLLM's
+SleepModeBackendFactory in every process, and the backend reports itself supported once
+install() has run there.
+
 Importing this module does not import PyTorch; the allocator's methods do.
 """
 
+import abc
 import contextlib
+import importlib
 import os
 import sys
 import threading
@@ -174,32 +181,94 @@ def installed():
     return sys.modules.get(MODULE) is sys.modules[__name__]
 
 
-class SleepBackend:
-    """Sleep mode by level, for engines that select a sleep backend by name: ``suspend(level)``,
-    ``resume(tags)``, ``discard(tags)`` over CuMemAllocator.get_instance()."""
+BACKEND_NAME = "tagmem"
+BACKEND_MODULE = "vllm.device_allocator.sleep_mode_backend"
 
-    name = "tagmem"
+
+class SleepBackend:
+    """vLLM's sleep-mode backend interface over CuMemAllocator.get_instance(), registered under
+    the name "tagmem" (``sleep_mode_backend="tagmem"``): ``suspend(level)``, ``resume(tags)``,
+    ``discard(tags)``, ``state()`` and the capability class methods vLLM asks before use."""
+
+    name = BACKEND_NAME
+
+    def __init__(self):
+        self._state = "RUNNING"
 
     def suspend(self, level=1):
         """Level 1: weights backed up, the rest discarded. Level 2: everything discarded."""
         if level not in (1, 2):
             raise _errors.error_for(1, f"sleep level {level!r}: expected 1 or 2")
         CuMemAllocator.get_instance().sleep(offload_tags=(WEIGHTS,) if level == 1 else ())
+        self._state = "SUSPENDED"
 
     def resume(self, tags=None):
+        self._state = "RESUMING"
         CuMemAllocator.get_instance().wake_up(tags)
+        self._state = "RUNNING"
 
     def discard(self, tags):
         CuMemAllocator.get_instance().discard(tags)
+        self._state = "SUSPENDED"
+
+    def state(self):
+        """"RUNNING", "SUSPENDED" or "RESUMING", as vLLM's backends report it."""
+        return self._state
+
+    @classmethod
+    def is_supported(cls):
+        """Only once install() has run: otherwise vLLM's workers allocated their weights through
+        vLLM's own allocator, which this backend cannot put to sleep."""
+        return installed()
+
+    @classmethod
+    def preserves_communicators(cls):
+        return True  # NCCL's buffers are not in tagmem's tags and stay where they are
+
+    @classmethod
+    def preserves_compiled_artifacts(cls):
+        return True  # the process and its kernels stay
+
+    @classmethod
+    def preserves_graphs_with_communicators(cls):
+        return True  # addresses are unchanged and communicators are kept
+
+    @classmethod
+    def supports_durable_storage(cls):
+        return False
+
+
+def _register_backend():
+    # vLLM versions without a backend registry select sleep mode through the allocator module
+    # alone, which install() replaces.
+    try:
+        registry = importlib.import_module(BACKEND_MODULE)
+    except ImportError:
+        return False
+    factory = getattr(registry, "SleepModeBackendFactory", None)
+    if factory is None:
+        return False
+    base = getattr(registry, "SleepModeBackend", None)
+    if isinstance(base, abc.ABCMeta) and not issubclass(SleepBackend, base):
+        base.register(SleepBackend)  # isinstance checks against vLLM's interface hold
+    # Plugins load once per process, possibly more than once: a name already there is ours.
+    if BACKEND_NAME not in getattr(factory, "_registry", {}):
+        try:
+            factory.register_backend(BACKEND_NAME, __name__, "SleepBackend")
+        except ValueError:
+            pass
+    return True
 
 
 def register():
-    """The ``vllm.general_plugins`` entry point (vLLM calls it in every process): installs only
-    when TAGMEM_AS_VLLM_CUMEM=1, so having tagmem installed never changes vLLM by itself.
-    Returns the SleepBackend."""
+    """The ``vllm.general_plugins`` entry point (vLLM calls it in every process it starts):
+    registers SleepBackend as sleep-mode backend "tagmem" where vLLM has the backend registry,
+    and installs the allocator module only when TAGMEM_AS_VLLM_CUMEM=1, so having tagmem
+    installed never changes vLLM by itself. Idempotent. Returns whether the backend was
+    registered."""
     if os.environ.get(ENABLE_VARIABLE) == "1":
         install()
-    return SleepBackend()
+    return _register_backend()
 
 
 def sleep(level=1, weights_tags=(WEIGHTS,), discard_tags=(KV_CACHE,), device=None):

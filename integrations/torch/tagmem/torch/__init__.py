@@ -18,7 +18,7 @@ import ctypes
 import torch
 
 from .. import _api, _entry_points, _errors
-from ._global import install, installed
+from ._global import full_support, install, installed, joined_frees
 from ._pools import device_index, empty_cache, pool, tag
 
 BACKUP = _api.BACKUP
@@ -87,20 +87,27 @@ def host_tensor(x, copy=True):
     if nbytes == 0:
         return torch.empty(x.shape, dtype=x.dtype)
     pieces = _api.host_pieces(x.data_ptr(), nbytes, writable=not copy)
+    if not copy and len(pieces) != 1:
+        raise _errors.error_for(
+            1,
+            f"the tensor's {nbytes} bytes lie in {len(pieces)} host pieces: a view needs one "
+            "(use copy=True)",
+        )
+    return tensor_over_pieces(pieces, x, copy)
+
+
+def tensor_over_pieces(pieces, x, copy):
+    """A CPU tensor with `x`'s dtype and shape over host `pieces` ((address, length), in order,
+    as tagmem.host_pieces gives them): a new tensor holding their bytes, or with ``copy=False`` a
+    view of the single piece."""
     if copy:
-        out = torch.empty(nbytes, dtype=torch.uint8)
+        out = torch.empty(sum(n for _, n in pieces), dtype=torch.uint8)
         at = out.data_ptr()
         for address, n in pieces:
             ctypes.memmove(at, address, n)
             at += n
     else:
-        if len(pieces) != 1:
-            raise _errors.error_for(
-                1,
-                f"the tensor's {nbytes} bytes lie in {len(pieces)} host pieces: a view needs one "
-                "(use copy=True)",
-            )
-        address, n = pieces[0]
+        (address, n), = pieces
         out = torch.frombuffer((ctypes.c_uint8 * n).from_address(address), dtype=torch.uint8)
     return out.view(x.dtype).view(x.shape)
 
@@ -115,9 +122,11 @@ __all__ = [
     "DISCARD",
     "device_index",
     "empty_cache",
+    "full_support",
     "host_tensor",
     "install",
     "installed",
+    "joined_frees",
     "last_allocation_failure",
     "offload",
     "pool",
@@ -127,5 +136,6 @@ __all__ = [
     "stats",
     "swap",
     "tag",
+    "tensor_over_pieces",
     "wait_released",
 ]
