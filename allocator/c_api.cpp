@@ -16,6 +16,9 @@
 #include "driver/driver.hpp"
 #include "host_view.hpp"
 #include "metadata_heap.hpp"
+#include "observe/log.hpp"
+#include "observe/oom_message.hpp"
+#include "observe/trace.hpp"
 #include "options.hpp"
 #include "registry.hpp"
 #include "tag_scope.hpp"
@@ -84,8 +87,10 @@ void malloc_in(registry& r, void** ptr, std::size_t size, const char* name, int 
   expect_non_null(ptr, "ptr");
   *ptr = nullptr;
   const int d = r.resolve_device(device);
-  check_margin(r, d, size);
-  *ptr = r.allocate(size, name, d, stream);
+  explain_out_of_memory(r, d, "allocation in", &name, 1, size, [&] {
+    check_margin(r, d, size);
+    *ptr = r.allocate(size, name, d, stream);
+  });
 }
 
 }  // namespace
@@ -131,6 +136,11 @@ tagmem_status tagmem_shutdown(void) {
     delete g_registry;
     g_registry = nullptr;
     note_config_fields({});
+    try {
+      trace::close();  // a trace that cannot be written does not fail the shutdown
+    } catch (const std::exception& e) {
+      log_line(e.what());
+    }
   });
 }
 
@@ -228,14 +238,19 @@ tagmem_status tagmem_offload(const char* const* tags, size_t count, int device,
 }
 
 tagmem_status tagmem_reload(const char* const* tags, size_t count, int device) {
-  return guarded([&](registry& r) { r.reload(tags, count, r.resolve_device(device)); });
+  return guarded([&](registry& r) {
+    const int d = r.resolve_device(device);
+    explain_out_of_memory(r, d, "reload of", tags, count, 0, [&] { r.reload(tags, count, d); });
+  });
 }
 
 tagmem_status tagmem_swap(const char* const* out_tags, size_t out_count, const char* const* in_tags,
                           size_t in_count, int device, tagmem_offload_mode mode) {
   return guarded([&](registry& r) {
-    r.swap(out_tags, out_count, in_tags, in_count, r.resolve_device(device),
-           checked_mode(mode));  // Note [enums from C]
+    const int d = r.resolve_device(device);
+    explain_out_of_memory(r, d, "swap bringing in", in_tags, in_count, 0, [&] {
+      r.swap(out_tags, out_count, in_tags, in_count, d, checked_mode(mode));  // Note [enums from C]
+    });
   });
 }
 
@@ -346,6 +361,10 @@ tagmem_status tagmem_set_keep_backup(const char* tag, int device, int keep) {
 
 void tagmem_set_memory_margin(size_t bytes) {
   g_memory_margin.store(bytes, std::memory_order_relaxed);
+}
+
+tagmem_status tagmem_trace_flush(void) {
+  return c_boundary([] { trace::flush(); });
 }
 
 size_t tagmem_memory_margin(void) { return g_memory_margin.load(std::memory_order_relaxed); }

@@ -14,6 +14,7 @@
 #include "byte_math.hpp"
 #include "device.hpp"
 #include "driver/driver.hpp"
+#include "observe/trace.hpp"
 #include "options.hpp"
 
 namespace tagmem {
@@ -83,6 +84,7 @@ unsigned pin_threads_from_env() {
 }
 
 pinned_range pin_range(std::size_t bytes, pin_method how, CUcontext context) {
+  trace::span span("pin", nullptr, bytes, trace::effect::pinned_up);
   const auto& api = driver::api();
   context_guard guard(context);
   if (how == pin_method::host_alloc) {

@@ -39,6 +39,8 @@
 
 #include "backup_retention.hpp"
 #include "driver/driver.hpp"
+#include "observe/phase_report.hpp"
+#include "observe/trace.hpp"
 #include "transfer_plan.hpp"
 
 namespace tagmem {
@@ -103,6 +105,7 @@ void pipeline::queue_out_copies() {
     for (const backup_piece& p : o.pieces) {
       CUstream s = dev_.d2h_stream(next_d2h_++);
       TAGMEM_CU(cuMemcpyDtoHAsync, p.host, p.dev, p.bytes, s);
+      trace::copy_queued(s, true, o.t->name(), p.bytes);
       o.done.push_back(dev_.acquire_event());
       TAGMEM_CU(cuEventRecord, o.done.back(), s);
     }
@@ -132,6 +135,7 @@ bool pipeline::unmap_next(pending_copies pending) {
     }
   }
   if (!o.started) start(o);
+  trace::span span("unmap", o.t->name(), m.size, trace::effect::mapped_down);
   o.t->arena().unmap(m.va, out_memory_);  // Note [unmap as copied]
   ++o.next_map;
   if (out_memory_ != unmapped_memory::recycle) budget_ += m.size;  // else it is in the recycler
@@ -225,6 +229,7 @@ bool pipeline::map_next() {
   if (out_left() && !recycled && r.size > budget_) return false;
   const std::size_t kept_before = dev_.recycler().bytes();
   try {
+    trace::span span("map", in.t->name(), r.size, trace::effect::mapped_up);
     r.parts = map_parts(dev_, r.va, r.size, recycle());
   } catch (const error& e) {
     if (e.code() == TAGMEM_ERROR_OUT_OF_MEMORY && out_left()) {
@@ -258,6 +263,7 @@ void pipeline::queue_in_copies(incoming& in, CUdeviceptr mapped_end) {
     const backup_piece& p = pieces[in.next_piece];
     if (p.dev + p.bytes > mapped_end) break;
     TAGMEM_CU(cuMemcpyHtoDAsync, p.dev, p.host, p.bytes, dev_.h2d_stream(next_h2d_++));
+    trace::copy_queued(dev_.h2d_stream(next_h2d_ - 1), false, in.t->name(), p.bytes);
     in.copied += p.bytes;
   }
 }
@@ -309,6 +315,7 @@ void pipeline::run(tag* const* outs, std::size_t out_count, tag* const* ins, std
   out_memory_ = choose_out_memory(in_count);
   ins_.reserve(in_count);
   for (std::size_t i = 0; i < in_count; ++i) {
+    trace::span span("plan", ins[i]->name());
     ins_.push_back({});
     ins_.back().t = ins[i];
     plan_incoming(ins_.back(), ins[i]->mode() == TAGMEM_DISCARD
@@ -324,6 +331,7 @@ void pipeline::run(tag* const* outs, std::size_t out_count, tag* const* ins, std
     outs_.reserve(out_count);
     try {
       for (std::size_t i = 0; i < out_count; ++i) {
+        trace::span span("plan", outs[i]->name());
         outs_.push_back({});
         outs_.back().t = outs[i];
         drop_kept_backup(*outs[i], store_);  // the offload writes a fresh backup
@@ -381,16 +389,22 @@ void move_tags(device& dev, tag* const* outs, std::size_t out_count, tagmem_offl
     explicit hold_releases(release_queue& queue) : q(queue) { q.hold(); }
     ~hold_releases() { q.unhold(); }
   } hold(dev.releases());
-  pipeline p(dev, mode, store, cfg);
+  phase_report report(dev, outs, out_count, mode, ins, in_count, store);
   try {
-    p.run(outs, out_count, ins, in_count);
-  } catch (...) {
-    return_unused(dev, cfg);
+    pipeline p(dev, mode, store, cfg);
+    try {
+      p.run(outs, out_count, ins, in_count);
+    } catch (...) {
+      return_unused(dev, cfg);
+      throw;
+    }
+    // TAGMEM_SWAP_RELEASE=inline reports a release that fails, as an unmap that released on the
+    // spot would; the handle stays kept and the next release tries it again.
+    driver::check(return_unused(dev, cfg), "cuMemRelease");
+  } catch (const std::exception& e) {
+    report.failed(e);
     throw;
   }
-  // TAGMEM_SWAP_RELEASE=inline reports a release that fails, as an unmap that released on the
-  // spot would; the handle stays kept and the next release tries it again.
-  driver::check(return_unused(dev, cfg), "cuMemRelease");
 }
 
 }  // namespace tagmem

@@ -6,6 +6,7 @@
 #include <mutex>
 
 #include "driver/driver.hpp"
+#include "observe/log.hpp"
 #include "offload_engine.hpp"
 
 namespace tagmem {
@@ -24,6 +25,7 @@ void check_tag_name(const char* name) {
 }
 
 registry::registry(const config& cfg) : cfg_(cfg) {
+  configure_observation();  // TAGMEM_LOG, TAGMEM_TRACE
   set_metadata_allocator(cfg_.metadata);
   driver::load();
   TAGMEM_CU(cuDeviceGetCount, &device_count_);
@@ -140,6 +142,7 @@ void* registry::allocate(std::size_t size, const char* name, int ordinal, CUstre
       context_guard guard(d.context());
       block* b = t.pool().allocate(size, stream);
       t.counters().alloc_count++;
+      t.note_peaks();
       return reinterpret_cast<void*>(b->ptr);
     } catch (const error& e) {
       // Out of device memory: give back every tag's cached memory once, then try again.

@@ -3,6 +3,7 @@
 
 #include "driver/driver.hpp"
 #include "error.hpp"
+#include "observe/trace.hpp"
 
 namespace tagmem {
 
@@ -55,6 +56,7 @@ void release_queue::work() noexcept {
 }
 
 std::size_t release_queue::release_all(meta_vector<item>& batch) noexcept {
+  trace::span span("release");
   std::size_t released = 0;
   std::erase_if(batch, [&](const item& it) {  // keeps the failures
     if (driver::api().cuMemRelease(it.handle) != CUDA_SUCCESS) return false;

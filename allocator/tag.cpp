@@ -1,6 +1,8 @@
 // tag.cpp — state and statistics of one tag (see tag.hpp).
 #include "tag.hpp"
 
+#include <algorithm>
+
 namespace tagmem {
 
 tag::tag(device& dev, const config& cfg, const char* name)
@@ -52,7 +54,15 @@ tagmem_tag_stats tag::stats() const {
   s.reload_count = counters_.reload_count;
   s.bytes_offloaded = counters_.bytes_offloaded;
   s.bytes_reloaded = counters_.bytes_reloaded;
+  s.peak_allocated_bytes = std::max(counters_.peak_allocated_bytes, s.allocated_bytes);
+  s.peak_mapped_bytes = std::max(counters_.peak_mapped_bytes, s.mapped_bytes);
   return s;
+}
+
+void tag::note_peaks() noexcept {
+  counters_.peak_allocated_bytes =
+      std::max(counters_.peak_allocated_bytes, pool_.totals().allocated_bytes);
+  counters_.peak_mapped_bytes = std::max(counters_.peak_mapped_bytes, arena_.mapped_bytes());
 }
 
 }  // namespace tagmem

@@ -30,6 +30,8 @@ struct tag_counters {
   std::uint64_t reload_count = 0;
   std::uint64_t bytes_offloaded = 0;
   std::uint64_t bytes_reloaded = 0;
+  std::size_t peak_allocated_bytes = 0;
+  std::size_t peak_mapped_bytes = 0;
 };
 
 class tag : public meta_object {
@@ -82,6 +84,9 @@ class tag : public meta_object {
   }
 
   tagmem_tag_stats stats() const;
+  // Raises the peaks to the bytes allocated and mapped now (after an allocation; mapped bytes
+  // grow only then, a reload restores at most what was mapped).
+  void note_peaks() noexcept;
 
  private:
   meta_string name_;

@@ -2,16 +2,19 @@
 #include "bench_support.hpp"
 
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <fstream>
 #include <stdexcept>
 #include <thread>
 
+#include "observe/json_text.hpp"
 #include "options.hpp"
 
 namespace tagmem::bench {
@@ -204,6 +207,40 @@ void results::write_tsv(const std::string& path) const {
   for (const auto& r : rows_) {
     out << r.scenario << '\t' << r.metric << '\t' << r.value << '\t' << r.note << '\n';
   }
+  const std::size_t dot = path.rfind(".tsv");
+  if (dot != std::string::npos && dot + 4 == path.size()) write_json(path.substr(0, dot) + ".json");
+}
+
+// A value that is one number is written as a JSON number, anything else ("12.1,11.9,22.8",
+// "n/a") as a string.
+static std::string json_value(const std::string& v) {
+  char* end = nullptr;
+  const double d = std::strtod(v.c_str(), &end);
+  if (!v.empty() && end == v.c_str() + v.size() && std::isfinite(d)) return v;
+  return json_quoted(v);
+}
+
+void results::write_json(const std::string& path) const {
+  std::ofstream out(path);
+  char host[256] = "";
+  gethostname(host, sizeof host - 1);
+  const char* driver = std::getenv("TAGMEM_LIBCUDA");
+  char iso_date[32] = "";
+  const std::time_t now = std::time(nullptr);
+  std::tm utc{};
+  gmtime_r(&now, &utc);
+  std::strftime(iso_date, sizeof iso_date, "%Y-%m-%dT%H:%M:%SZ", &utc);
+  out << "{\n  \"context\": {\"library\": \"tagmem\", \"host_name\": " << json_quoted(host)
+      << ", \"driver\": " << json_quoted(driver ? driver : "libcuda.so.1")
+      << ", \"date\": " << json_quoted(iso_date) << "},\n  \"benchmarks\": [";
+  for (std::size_t i = 0; i < rows_.size(); ++i) {
+    const result_row& r = rows_[i];
+    out << (i ? ",\n" : "\n") << "    {\"name\": " << json_quoted(r.scenario + "/" + r.metric)
+        << ", \"run_type\": \"iteration\", \"iterations\": 1, \"scenario\": "
+        << json_quoted(r.scenario) << ", \"metric\": " << json_quoted(r.metric)
+        << ", \"value\": " << json_value(r.value) << ", \"label\": " << json_quoted(r.note) << "}";
+  }
+  out << "\n  ]\n}\n";
 }
 
 }  // namespace tagmem::bench

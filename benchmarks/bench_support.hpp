@@ -79,8 +79,14 @@ struct result_row {
 class results {
  public:
   void add(std::string scenario, std::string metric, std::string value, std::string note = "");
-  void print(const std::string& title) const;     // an aligned table on stdout
-  void write_tsv(const std::string& path) const;  // no-op for an empty path
+  void print(const std::string& title) const;  // an aligned table on stdout
+  // No-op for an empty path. A path ending in ".tsv" also gets the rows as JSON beside it
+  // (write_json), so plots and docs read the same data as Google Benchmark's --benchmark_out.
+  void write_tsv(const std::string& path) const;
+  // {"context": {...}, "benchmarks": [{"name": "scenario/metric", "scenario", "metric",
+  // "value" (a number when it is one), "label" (the note), "run_type", "iterations"}]}: the shape
+  // of Google Benchmark's JSON output.
+  void write_json(const std::string& path) const;
 
  private:
   std::vector<result_row> rows_;

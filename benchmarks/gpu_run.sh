@@ -17,6 +17,9 @@
 #   6. tagmem_bench_random_allocations   cuMemAllocAsync vs tagmem with mimalloc
 #                                 or system metadata
 #
+# Every scenario runner's --tsv=<name>.tsv also writes <name>.json beside it, in the shape of
+# Google Benchmark's --benchmark_out JSON (random_allocations.json), for plots and docs.
+#
 # Knobs (environment):
 #   TAGMEM_LIBCUDA        set: run on that driver (the emulator); the defaults then shrink
 #   TAGMEM_BENCH_SCALE    size factor (default 1 on a GPU, 0.01 with TAGMEM_LIBCUDA set)

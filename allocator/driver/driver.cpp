@@ -15,6 +15,8 @@
 #include <mutex>
 
 #include "fork_guard.hpp"
+#include "observe/driver_log.hpp"
+#include "observe/log.hpp"
 #include "options.hpp"
 
 namespace tagmem::driver {
@@ -75,6 +77,7 @@ void load() {
   try {
     resolve_all(get_proc);
     check(g_table.cuInit(0), "cuInit");
+    if (logging(log_level::debug)) log_driver_calls(g_table);  // TAGMEM_LOG=debug
   } catch (...) {
     g_table = table{};
     dlclose(g_handle);

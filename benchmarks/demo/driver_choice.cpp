@@ -7,9 +7,8 @@
 #include <stdlib.h>
 #include <unistd.h>
 
+#include <cstdlib>
 #include <cstring>
-
-#include "options.hpp"
 
 namespace tagmem::demo {
 namespace {
@@ -50,7 +49,7 @@ std::string emulator_path(const char* argv0) {
 
 driver_choice choose_driver(const char* argv0) {
   driver_choice c;
-  if (const char* env = option_env(option::LIBCUDA)) {
+  if (const char* env = std::getenv("TAGMEM_LIBCUDA"); env && *env) {
     c.library = env;
     c.emulated = std::strstr(env, "tagmem_emu") != nullptr;
     c.why = "TAGMEM_LIBCUDA is set";
@@ -65,7 +64,7 @@ driver_choice choose_driver(const char* argv0) {
   c.emulated = true;
   c.library = emulator_path(argv0);
   c.why = detail;
-  setenv(spec_of(option::LIBCUDA).name, c.library.c_str(), 1);
+  setenv("TAGMEM_LIBCUDA", c.library.c_str(), 1);
   return c;
 }
 

@@ -16,7 +16,7 @@
 #include <string>
 #include <vector>
 
-#include "driver/driver.hpp"
+#include "cuda_calls.hpp"
 #include "driver_choice.hpp"
 #include "tagmem/tagmem.h"
 #include "workload.hpp"
@@ -83,6 +83,42 @@ struct phase_row {
   double free_gib, moved_gib, ms;
 };
 
+// One line: which tags are on the device now and which wait offloaded.
+void print_residency(const std::vector<const char*>& tags) {
+  std::string on = "", off = "";
+  for (const char* t : tags) {
+    tagmem_tag_stats s{};
+    ok(tagmem_tag_stats_get(t, 0, &s), "tagmem_tag_stats_get");
+    if (s.state == TAGMEM_RESIDENT) {
+      on += std::string(" ") + t;
+    } else {
+      off += std::string(" ") + t + (s.state == TAGMEM_OFFLOADED_BACKUP ? "(backup)" : "(discard)");
+    }
+  }
+  std::printf("       resident:%s | offloaded:%s\n", on.empty() ? " none" : on.c_str(),
+              off.empty() ? " none" : off.c_str());
+  std::fflush(stdout);
+}
+
+std::size_t host_pinned() {
+  tagmem_device_stats s{};
+  ok(tagmem_device_stats_get(0, &s), "tagmem_device_stats_get");
+  return s.host_pinned_bytes;
+}
+
+// A switch that had to pin host memory for its backups is slow for that reason alone (pinning
+// costs more than copying); say so, since it happens in the first cycle unless the store was
+// pinned beforehand with tagmem_host_reserve.
+void explain_pinning(std::size_t before) {
+  const std::size_t after = host_pinned();
+  if (after <= before) return;
+  std::printf(
+      "       (this switch first pinned %.2f GiB of host memory for the backups, which costs more "
+      "than copying it; later switches reuse it; tagmem_host_reserve() at start avoids it)\n",
+      (after - before) / GiB);
+  std::fflush(stdout);
+}
+
 void print_row(const phase_row& r) {
   double gbps = r.ms > 0 ? (r.moved_gib * GiB / 1e9) / (r.ms / 1e3) : 0.0;
   std::printf("%5d  %-16s %10.2f %10.2f %10.1f %8.1f\n", r.cycle, r.name, r.free_gib, r.moved_gib,
@@ -125,11 +161,10 @@ int run(int argc, char** argv) {
   ok(tagmem_init(nullptr), "tagmem_init");
 
   // The demo's own copies run in device 0's primary context, as an application's would.
-  const auto& api = driver::api();
   CUdevice dev = 0;
   CUcontext ctx = nullptr;
-  if (api.cuDeviceGet(&dev, 0) != CUDA_SUCCESS || api.cuDevicePrimaryCtxRetain(&ctx, dev) ||
-      api.cuCtxSetCurrent(ctx)) {
+  if (cuda().device_get(&dev, 0) != CUDA_SUCCESS || cuda().primary_ctx_retain(&ctx, dev) ||
+      cuda().ctx_set_current(ctx)) {
     throw std::runtime_error("cannot make device 0's primary context current");
   }
 
@@ -155,6 +190,7 @@ int run(int argc, char** argv) {
   // Start in the trainer phase: the engine sleeps.
   ok(tagmem_offload(kv_tag, 1, 0, TAGMEM_DISCARD), "offload kv_cache");
   ok(tagmem_offload(engine_w_tag, 1, 0, TAGMEM_BACKUP), "offload engine_weights");
+  print_residency(all);
 
   std::printf("\n%5s  %-16s %10s %10s %10s %8s\n", "cycle", "phase", "free GiB", "moved GiB", "ms",
               "GB/s");
@@ -166,11 +202,14 @@ int run(int argc, char** argv) {
 
     // trainer -> engine: trainer out (BACKUP), engine weights and a fresh kv cache in.
     std::uint64_t before = moved_bytes(all);
+    std::size_t pinned_before = host_pinned();
     auto t0 = clock::now();
     ok(tagmem_swap(trainer_tags, 2, engine_w_tag, 1, 0, TAGMEM_BACKUP), "swap to engine");
     ok(tagmem_reload(kv_tag, 1, 0), "reload kv_cache");
     double ms = std::chrono::duration<double, std::milli>(clock::now() - t0).count();
     print_row({cycle, "trainer->engine", free_gib(), (moved_bytes(all) - before) / GiB, ms});
+    print_residency(all);
+    explain_pinning(pinned_before);
     good = check_all(src, engine_w, "engine_weights");
     for (tensor& t : kv) src.write(t);              // the engine fills its cache...
     good = good && check_all(src, kv, "kv_cache");  // ...and reads it back
@@ -178,11 +217,14 @@ int run(int argc, char** argv) {
 
     // engine -> trainer: the cache is dropped, engine weights backed up, trainer back.
     before = moved_bytes(all);
+    pinned_before = host_pinned();
     t0 = clock::now();
     ok(tagmem_offload(kv_tag, 1, 0, TAGMEM_DISCARD), "offload kv_cache");
     ok(tagmem_swap(engine_w_tag, 1, trainer_tags, 2, 0, TAGMEM_BACKUP), "swap to trainer");
     ms = std::chrono::duration<double, std::milli>(clock::now() - t0).count();
     print_row({cycle, "engine->trainer", free_gib(), (moved_bytes(all) - before) / GiB, ms});
+    print_residency(all);
+    explain_pinning(pinned_before);
     good = good && check_all(src, trainer_w, "trainer_weights") &&
            check_all(src, optimizer, "optimizer");
   }

@@ -5,24 +5,16 @@
 #include <cstring>
 #include <stdexcept>
 
-#include "driver/driver.hpp"
+#include "cuda_calls.hpp"
 #include "tagmem/tagmem.h"
 
 namespace tagmem::demo {
-namespace {
-
-void cu(CUresult r, const char* what) {
-  if (r != CUDA_SUCCESS) throw std::runtime_error(std::string(what) + ": " + driver::describe(r));
-}
-
-}  // namespace
 
 pattern_source::pattern_source(std::size_t bytes, std::uint64_t seed) : size_(bytes), rng_(seed) {
-  const auto& api = driver::api();
   void* p = nullptr;
-  cu(api.cuMemHostAlloc(&p, size_, CU_MEMHOSTALLOC_PORTABLE), "cuMemHostAlloc");
+  check_cuda(cuda().host_alloc(&p, size_, CU_MEMHOSTALLOC_PORTABLE), "cuMemHostAlloc");
   pattern_ = static_cast<unsigned char*>(p);
-  cu(api.cuMemHostAlloc(&p, size_, CU_MEMHOSTALLOC_PORTABLE), "cuMemHostAlloc");
+  check_cuda(cuda().host_alloc(&p, size_, CU_MEMHOSTALLOC_PORTABLE), "cuMemHostAlloc");
   staging_ = static_cast<unsigned char*>(p);
   for (std::size_t i = 0; i + 8 <= size_; i += 8) {
     std::uint64_t x = rng_();
@@ -31,8 +23,8 @@ pattern_source::pattern_source(std::size_t bytes, std::uint64_t seed) : size_(by
 }
 
 pattern_source::~pattern_source() {
-  driver::api().cuMemFreeHost(pattern_);
-  driver::api().cuMemFreeHost(staging_);
+  cuda().free_host(pattern_);
+  cuda().free_host(staging_);
 }
 
 void pattern_source::write(const tensor& t) {
@@ -40,8 +32,8 @@ void pattern_source::write(const tensor& t) {
   while (done < t.size) {
     std::size_t at = (t.offset + done) % size_;
     std::size_t n = std::min(t.size - done, size_ - at);
-    cu(driver::api().cuMemcpyHtoD(reinterpret_cast<CUdeviceptr>(t.ptr) + done, pattern_ + at, n),
-       "cuMemcpyHtoD");
+    check_cuda(cuda().copy_to_device(reinterpret_cast<CUdeviceptr>(t.ptr) + done, pattern_ + at, n),
+               "cuMemcpyHtoD");
     done += n;
   }
 }
@@ -50,8 +42,8 @@ bool pattern_source::check(const tensor& t) {
   std::size_t done = 0;
   while (done < t.size) {
     std::size_t n = std::min(t.size - done, size_);
-    cu(driver::api().cuMemcpyDtoH(staging_, reinterpret_cast<CUdeviceptr>(t.ptr) + done, n),
-       "cuMemcpyDtoH");
+    check_cuda(cuda().copy_to_host(staging_, reinterpret_cast<CUdeviceptr>(t.ptr) + done, n),
+               "cuMemcpyDtoH");
     // Compare the staged window with the pattern, which may wrap around once.
     std::size_t at = (t.offset + done) % size_;
     std::size_t first = std::min(n, size_ - at);

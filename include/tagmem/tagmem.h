@@ -103,6 +103,8 @@ typedef struct tagmem_tag_stats {
   uint64_t reload_count;     /* completed reloads, ever */
   uint64_t bytes_offloaded;  /* bytes copied device -> host by offloads, ever */
   uint64_t bytes_reloaded;   /* bytes copied host -> device by reloads, ever */
+  size_t peak_allocated_bytes; /* the most allocated_bytes has been since the tag was created */
+  size_t peak_mapped_bytes;    /* the most mapped_bytes has been since the tag was created */
 } tagmem_tag_stats;
 
 typedef struct tagmem_device_stats {
@@ -367,6 +369,13 @@ TAGMEM_API tagmem_status tagmem_list_tags(int device, char (*names)[TAGMEM_MAX_T
  * TAGMEM_MIMALLOC_LIBRARY) could not be loaded, and before the first tagmem_init(). A constant
  * string. Never fails. Thread-safe. */
 TAGMEM_API const char* tagmem_metadata_heap(void);
+
+/* Writes the trace recorded so far to the file TAGMEM_TRACE names (docs/observe.md), replacing
+ * it whole; it is also written at exit and at tagmem_shutdown, which ends it (a failure to write
+ * it there is logged on stderr and does not fail the shutdown). Does nothing when TAGMEM_TRACE
+ * was not set at the last tagmem_init. Errors: INVALID_ARGUMENT (the file cannot be written; the
+ * message names it). Thread-safe; does not initialise tagmem. */
+TAGMEM_API tagmem_status tagmem_trace_flush(void);
 
 #ifdef __cplusplus
 }

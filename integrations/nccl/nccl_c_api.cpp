@@ -6,18 +6,25 @@
 #include "c_error.hpp"
 #include "collective.hpp"
 #include "error.hpp"
+#include "step_log.hpp"
 #include "tagmem/tagmem_nccl.h"
 
 extern "C" {
 
 tagmem_status tagmem_nccl_pause(const char* group, int rank, int size, int timeout_ms) {
-  return tagmem::c_boundary(
-      [&] { tagmem::nccl::pause(tagmem::nccl::resolve_spec(group, rank, size, timeout_ms)); });
+  return tagmem::c_boundary([&] {
+    tagmem::nccl::logged_step(tagmem::nccl::step::pause, group, rank, [&] {
+      tagmem::nccl::pause(tagmem::nccl::resolve_spec(group, rank, size, timeout_ms));
+    });
+  });
 }
 
 tagmem_status tagmem_nccl_resume(const char* group, int rank, int size, int timeout_ms) {
-  return tagmem::c_boundary(
-      [&] { tagmem::nccl::resume(tagmem::nccl::resolve_spec(group, rank, size, timeout_ms)); });
+  return tagmem::c_boundary([&] {
+    tagmem::nccl::logged_step(tagmem::nccl::step::resume, group, rank, [&] {
+      tagmem::nccl::resume(tagmem::nccl::resolve_spec(group, rank, size, timeout_ms));
+    });
+  });
 }
 
 tagmem_status tagmem_nccl_stats_get(tagmem_nccl_stats* out) {

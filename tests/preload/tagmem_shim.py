@@ -35,7 +35,8 @@ class TagStats(ctypes.Structure):
     _fields_ = [("state", ctypes.c_int)] + [(n, ctypes.c_uint64) for n in (
         "allocated_bytes", "requested_bytes", "reserved_bytes", "mapped_bytes", "host_bytes",
         "virtual_bytes", "live_allocations", "mappings", "alloc_count", "free_count",
-        "offload_count", "reload_count", "bytes_offloaded", "bytes_reloaded")]
+        "offload_count", "reload_count", "bytes_offloaded", "bytes_reloaded",
+        "peak_allocated_bytes", "peak_mapped_bytes")]
 
 
 class TagmemError(RuntimeError):

@@ -60,6 +60,8 @@ class TagStats(ctypes.Structure):
         ("reload_count", _U64),
         ("bytes_offloaded", _U64),
         ("bytes_reloaded", _U64),
+        ("peak_allocated_bytes", _SIZE),
+        ("peak_mapped_bytes", _SIZE),
     ]
 
 

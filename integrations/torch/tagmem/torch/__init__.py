@@ -20,6 +20,7 @@ import torch
 from .. import _api, _entry_points, _errors
 from ._global import full_support, install, installed, joined_frees
 from ._pools import device_index, empty_cache, pool, tag
+from ._summary import memory_stats, memory_summary
 
 BACKUP = _api.BACKUP
 DISCARD = _api.DISCARD

@@ -1,0 +1,82 @@
+// log.cpp — the TAGMEM_LOG level and line output (see log.hpp).
+#include "observe/log.hpp"
+
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdio>
+#include <mutex>
+
+#include "observe/trace.hpp"
+#include "options.hpp"
+
+namespace tagmem {
+namespace {
+
+constexpr int kUnread = -1;
+std::atomic<int> g_level{kUnread};
+std::mutex g_sink_mutex;
+std::function<void(const std::string&)> g_sink;  // guarded by g_sink_mutex
+
+int read_level() noexcept {
+  try {
+    return option_choice(option::LOG);  // the index in "off|info|debug" is the level
+  } catch (...) {
+    return 0;
+  }
+}
+
+}  // namespace
+
+log_level current_log_level() noexcept {
+  int level = g_level.load(std::memory_order_relaxed);
+  if (level == kUnread) {
+    level = read_level();
+    g_level.store(level, std::memory_order_relaxed);
+  }
+  return static_cast<log_level>(level);
+}
+
+void log_line(const std::string& line) noexcept {
+  try {
+    const std::string text = "tagmem: " + line + "\n";
+    {
+      std::lock_guard lock(g_sink_mutex);
+      if (g_sink) {
+        g_sink(text);
+        return;
+      }
+    }
+    // One write: lines of several threads stay whole.
+    for (std::size_t done = 0; done < text.size();) {
+      const ssize_t n = ::write(STDERR_FILENO, text.data() + done, text.size() - done);
+      if (n <= 0) return;
+      done += static_cast<std::size_t>(n);
+    }
+  } catch (...) {  // no memory for the line: it is lost, the operation is not
+  }
+}
+
+void configure_observation() noexcept {
+  g_level.store(read_level());
+  trace::configure();
+}
+
+void set_log_sink_for_testing(std::function<void(const std::string&)> sink) {
+  std::lock_guard lock(g_sink_mutex);
+  g_sink = std::move(sink);
+}
+
+std::string format_ms(double ms) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.3f", ms);
+  return buf;
+}
+
+std::string format_gbps(double bytes, double ms) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.2f", ms > 0 ? bytes / 1e9 / (ms / 1e3) : 0.0);
+  return buf;
+}
+
+}  // namespace tagmem

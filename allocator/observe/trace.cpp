@@ -1,0 +1,371 @@
+// trace.cpp — the trace buffer, its JSON, NVTX ranges and device-timed copies (see trace.hpp).
+#include "observe/trace.hpp"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <mutex>
+#include <vector>
+
+#include "driver/driver.hpp"
+#include "error.hpp"
+#include "observe/json_text.hpp"
+#include "options.hpp"
+
+#if __has_include(<nvtx3/nvToolsExt.h>)
+#include <nvtx3/nvToolsExt.h>
+#define TAGMEM_HAVE_NVTX 1
+#else
+#define TAGMEM_HAVE_NVTX 0
+#endif
+
+namespace tagmem::trace {
+
+std::atomic<bool> g_on{false};
+
+namespace {
+
+// Never destroyed: the write at exit may run after static destructors.
+struct state {
+  std::mutex mutex;
+  std::string path;                            // "" : no file
+  bool exit_hook = false;                      // the write at exit is registered
+  std::vector<std::string> events;             // JSON objects
+  std::map<std::string, std::int64_t> mapped;  // per tag, moved by map/unmap spans
+  std::int64_t pinned = 0;                     // moved by pinning spans
+  std::map<CUstream, int> stream_tracks;       // copy stream -> track id
+  int tracks[2] = {0, 0};                      // copy tracks per direction
+  std::size_t dropped = 0;
+};
+state& st() {
+  static state* s = new state;
+  return *s;
+}
+
+std::atomic<bool> g_file{false};
+std::atomic<bool> g_nvtx{false};
+constexpr std::size_t kMaxEvents = 1u << 20;  // past this, events are counted, not kept
+const auto g_epoch = std::chrono::steady_clock::now();
+
+int thread_track() {
+  static std::atomic<int> next{1};
+  thread_local int id = next.fetch_add(1);
+  return id;
+}
+
+std::string quoted(const char* text) { return json_quoted(text); }
+
+std::string number(double v) {
+  char buf[40];
+  std::snprintf(buf, sizeof buf, "%.3f", v);
+  return buf;
+}
+
+void add_locked(state& s, std::string event) {
+  if (s.events.size() >= kMaxEvents) {
+    ++s.dropped;
+    return;
+  }
+  s.events.push_back(std::move(event));
+}
+
+std::string complete_event(const char* name, const char* cat, double ts, double dur, int tid,
+                           const char* tag, std::size_t bytes) {
+  std::string e = "{\"name\":" + quoted(name) + ",\"cat\":" + quoted(cat) +
+                  ",\"ph\":\"X\",\"ts\":" + number(ts) + ",\"dur\":" + number(dur) +
+                  ",\"pid\":" + std::to_string(getpid()) + ",\"tid\":" + std::to_string(tid) +
+                  ",\"args\":{";
+  bool comma = false;
+  if (tag) {
+    e += "\"tag\":" + quoted(tag);
+    comma = true;
+  }
+  if (bytes) e += std::string(comma ? "," : "") + "\"bytes\":" + std::to_string(bytes);
+  return e + "}}";
+}
+
+std::string counter_event(const std::string& name, double ts, std::int64_t value) {
+  return "{\"name\":" + quoted(name.c_str()) + ",\"ph\":\"C\",\"ts\":" + number(ts) +
+         ",\"pid\":" + std::to_string(getpid()) + ",\"args\":{\"bytes\":" + std::to_string(value) +
+         "}}";
+}
+
+pid_t g_writer = 0;  // the process that registered the write at exit
+
+void write_at_exit() noexcept {
+  if (getpid() != g_writer) return;  // a forked child leaving with exit(): the parent's trace
+  try {
+    flush();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "tagmem: %s\n", e.what());
+  }
+}
+
+#if TAGMEM_HAVE_NVTX
+nvtxDomainHandle_t nvtx_domain() {
+  static nvtxDomainHandle_t d = nvtxDomainCreateA("tagmem");
+  return d;
+}
+#endif
+
+}  // namespace
+
+double now_us() noexcept {
+  return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - g_epoch)
+      .count();
+}
+
+void configure() noexcept {
+  state& s = st();
+  const char* path = option_env(option::TRACE);
+  const bool nvtx = TAGMEM_HAVE_NVTX && std::getenv("NVTX_INJECTION64_PATH") != nullptr;
+  {
+    std::lock_guard lock(s.mutex);
+    s.path = path ? path : "";
+    if (path && !s.exit_hook) {
+      g_writer = getpid();
+      s.exit_hook = std::atexit(write_at_exit) == 0;
+    }
+  }
+  g_file.store(path != nullptr);
+  g_nvtx.store(nvtx);
+  g_on.store(path != nullptr || nvtx);
+}
+
+void flush() {
+  state& s = st();
+  std::lock_guard lock(s.mutex);
+  if (s.path.empty()) return;
+  const std::string tmp = s.path + ".tmp" + std::to_string(getpid());
+  std::FILE* f = std::fopen(tmp.c_str(), "w");
+  TAGMEM_EXPECTS(f, TAGMEM_ERROR_INVALID_ARGUMENT,
+                 "TAGMEM_TRACE: cannot write '" + tmp + "' (the trace's temporary file)");
+  std::fputs("{\"displayTimeUnit\":\"ms\",\"otherData\":{\"dropped_events\":", f);
+  std::fprintf(f, "%zu},\n\"traceEvents\":[\n", s.dropped);
+  for (std::size_t i = 0; i < s.events.size(); ++i) {
+    std::fputs(s.events[i].c_str(), f);
+    std::fputs(i + 1 < s.events.size() ? ",\n" : "\n", f);
+  }
+  std::fputs("]}\n", f);
+  const bool written = std::fflush(f) == 0 && !std::ferror(f);
+  const bool closed = std::fclose(f) == 0;
+  if (!written || !closed || std::rename(tmp.c_str(), s.path.c_str()) != 0) {
+    std::remove(tmp.c_str());
+    fail(TAGMEM_ERROR_INVALID_ARGUMENT, "TAGMEM_TRACE: cannot write '" + s.path + "'");
+  }
+}
+
+void close() {
+  struct forget {
+    ~forget() {
+      g_file.store(false);
+      g_on.store(g_nvtx.load());
+      state& s = st();
+      std::lock_guard lock(s.mutex);
+      s.path.clear();
+      s.events.clear();
+      s.mapped.clear();
+      s.stream_tracks.clear();
+      s.tracks[0] = s.tracks[1] = 0;
+      s.pinned = 0;
+      s.dropped = 0;
+    }
+  } later;
+  flush();
+}
+
+void span::begin(const char* name, const char* tag, std::size_t bytes, effect what) noexcept {
+  active_ = true;
+  name_ = name;
+  tag_ = tag;
+  bytes_ = bytes;
+  what_ = what;
+  unwinding_ = std::uncaught_exceptions();
+#if TAGMEM_HAVE_NVTX
+  if (g_nvtx.load(std::memory_order_relaxed)) {
+    nvtxEventAttributes_t a{};
+    a.version = NVTX_VERSION;
+    a.size = NVTX_EVENT_ATTRIB_STRUCT_SIZE;
+    a.messageType = NVTX_MESSAGE_TYPE_ASCII;
+    a.message.ascii = name;
+    nvtxDomainRangePushEx(nvtx_domain(), &a);
+    nvtx_ = true;
+  }
+#endif
+  start_us_ = now_us();
+}
+
+void span::end() noexcept {
+  const double end_us = now_us();
+#if TAGMEM_HAVE_NVTX
+  if (nvtx_) nvtxDomainRangePop(nvtx_domain());
+#endif
+  if (!g_file.load(std::memory_order_relaxed)) return;
+  try {
+    std::string e = complete_event(name_, "tagmem", start_us_, end_us - start_us_, thread_track(),
+                                   tag_, bytes_);
+    state& s = st();
+    std::lock_guard lock(s.mutex);
+    add_locked(s, std::move(e));
+    const auto delta = static_cast<std::int64_t>(bytes_);
+    if (std::uncaught_exceptions() > unwinding_) return;  // failed: nothing moved
+    if ((what_ == effect::mapped_up || what_ == effect::mapped_down) && tag_) {
+      std::int64_t& m = s.mapped[tag_];
+      m += what_ == effect::mapped_up ? delta : -delta;
+      add_locked(s, counter_event(std::string("mapped_bytes ") + tag_, end_us, m));
+    } else if (what_ == effect::pinned_up) {
+      s.pinned += delta;
+      add_locked(s, counter_event("host_pinned_bytes", end_us, s.pinned));
+    }
+  } catch (...) {  // no memory for the event: it is lost
+  }
+}
+
+void counter(const std::string& name, std::uint64_t value) noexcept {
+  if (!g_file.load(std::memory_order_relaxed)) return;
+  try {
+    state& s = st();
+    std::lock_guard lock(s.mutex);
+    if (name == "host_pinned_bytes") s.pinned = static_cast<std::int64_t>(value);
+    add_locked(s, counter_event(name, now_us(), static_cast<std::int64_t>(value)));
+  } catch (...) {
+  }
+}
+
+void set_mapped(const char* tag, std::uint64_t value) noexcept {
+  if (!g_file.load(std::memory_order_relaxed)) return;
+  try {
+    state& s = st();
+    std::lock_guard lock(s.mutex);
+    s.mapped[tag] = static_cast<std::int64_t>(value);
+    add_locked(s, counter_event(std::string("mapped_bytes ") + tag, now_us(),
+                                static_cast<std::int64_t>(value)));
+  } catch (...) {
+  }
+}
+
+// ---- device-timed copies ------------------------------------------------------------------
+
+struct copy_piece {
+  CUstream stream;
+  CUevent end;
+  double queued_us;
+  bool to_host;
+  const char* tag;
+  std::size_t bytes;
+};
+
+struct copy_clock::impl {
+  CUcontext context = nullptr;
+  CUevent base = nullptr;
+  double base_us = 0;
+  std::vector<copy_piece> pieces;
+};
+
+namespace {
+thread_local copy_clock::impl* t_clock = nullptr;
+
+// Switches to `context` for the holder's lifetime (the clock's calls may run outside the
+// pipeline's own context guard).
+struct with_context {
+  CUcontext previous = nullptr;
+  bool switched = false;
+  explicit with_context(CUcontext c) {
+    const auto& api = driver::api();
+    if (api.cuCtxGetCurrent(&previous) == CUDA_SUCCESS && previous != c)
+      switched = api.cuCtxSetCurrent(c) == CUDA_SUCCESS;
+  }
+  ~with_context() {
+    if (switched) driver::api().cuCtxSetCurrent(previous);
+  }
+};
+}  // namespace
+
+copy_clock::copy_clock(CUcontext context, CUstream stream) noexcept {
+  if (!g_file.load(std::memory_order_relaxed) || t_clock) return;
+  try {
+    auto* c = new impl;
+    c->context = context;
+    with_context guard(context);
+    const auto& api = driver::api();
+    if (api.cuEventCreate(&c->base, CU_EVENT_DEFAULT) != CUDA_SUCCESS) {
+      delete c;
+      return;
+    }
+    // Note [trace clock]: the host time before the record, and no wait.
+    c->base_us = now_us();
+    if (api.cuEventRecord(c->base, stream) != CUDA_SUCCESS) {
+      api.cuEventDestroy(c->base);
+      delete c;
+      return;
+    }
+    impl_ = c;
+    t_clock = c;
+  } catch (...) {
+  }
+}
+
+copy_clock::~copy_clock() {
+  if (!impl_) return;
+  t_clock = nullptr;
+  impl& c = *impl_;
+  with_context guard(c.context);
+  const auto& api = driver::api();
+  std::vector<std::string> events;
+  std::map<CUstream, double> last_end;
+  for (const copy_piece& p : c.pieces) {
+    float ms = 0;
+    const bool timed = api.cuEventSynchronize(p.end) == CUDA_SUCCESS &&
+                       api.cuEventElapsedTime(&ms, c.base, p.end) == CUDA_SUCCESS;
+    api.cuEventDestroy(p.end);
+    if (!timed) continue;  // a failed copy: the switch's own span and log say so
+    const double end = c.base_us + ms * 1e3;
+    double& prev = last_end[p.stream];
+    const double start = std::min(end, std::max(prev, p.queued_us));
+    prev = end;
+    try {
+      state& s = st();
+      std::lock_guard lock(s.mutex);
+      auto [it, fresh] = s.stream_tracks.emplace(p.stream, 0);
+      if (fresh) {
+        const int dir = p.to_host ? 0 : 1;
+        it->second = 100000 + dir * 1000 + ++s.tracks[dir];
+        const std::string label =
+            std::string(p.to_host ? "copies D2H " : "copies H2D ") + std::to_string(s.tracks[dir]);
+        add_locked(s, "{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":" + std::to_string(getpid()) +
+                          ",\"tid\":" + std::to_string(it->second) +
+                          ",\"args\":{\"name\":" + quoted(label.c_str()) + "}}");
+      }
+      add_locked(s, complete_event(p.to_host ? "copy D2H" : "copy H2D", "copy", start, end - start,
+                                   it->second, p.tag, p.bytes));
+    } catch (...) {
+    }
+  }
+  api.cuEventDestroy(c.base);
+  delete impl_;
+}
+
+void copy_queued(CUstream stream, bool to_host, const char* tag, std::size_t bytes) noexcept {
+  if (!on() || !t_clock) return;
+  try {
+    const auto& api = driver::api();
+    CUevent e = nullptr;
+    if (api.cuEventCreate(&e, CU_EVENT_DEFAULT) != CUDA_SUCCESS) return;
+    if (api.cuEventRecord(e, stream) != CUDA_SUCCESS) {
+      api.cuEventDestroy(e);
+      return;
+    }
+    try {
+      t_clock->pieces.push_back({stream, e, now_us(), to_host, tag, bytes});
+    } catch (...) {
+      api.cuEventDestroy(e);
+    }
+  } catch (...) {
+  }
+}
+
+}  // namespace tagmem::trace

@@ -1,0 +1,277 @@
+// observe_test.cpp — TAGMEM_LOG's lines and the out-of-memory message: each line names the tags
+// and carries the bytes, free memory and pinned host bytes that the statistics show right after
+// the switch; a reload that runs out of device memory says which tag, how much, what is free,
+// what is resident, and that the tag keeps its backup.
+#include <cstdio>
+#include <fstream>
+#include <iterator>
+#include <map>
+#include <mutex>
+#include <sstream>
+
+#include "observe/log.hpp"
+#include "test_support.hpp"
+
+namespace tagmem::test {
+namespace {
+
+// Restarts tagmem with TAGMEM_LOG=info and collects its lines for the test's lifetime.
+class Observe : public tagmem_test {
+ protected:
+  void SetUp() override {
+    tagmem_test::SetUp();
+    ASSERT_EQ(tagmem_shutdown(), TAGMEM_SUCCESS);
+    setenv("TAGMEM_LOG", "info", 1);
+    // Releases on the calling thread, so that a line's memory figures are still exact when the
+    // test reads the statistics after the call.
+    setenv("TAGMEM_DISCARD_RELEASE", "wait", 1);
+    setenv("TAGMEM_SWAP_RELEASE", "inline", 1);
+    ASSERT_EQ(tagmem_init(nullptr), TAGMEM_SUCCESS) << tagmem_last_error();
+    set_log_sink_for_testing([this](const std::string& l) {
+      std::lock_guard lock(mutex_);
+      lines_.push_back(l);
+    });
+  }
+  void TearDown() override {
+    set_log_sink_for_testing({});
+    unsetenv("TAGMEM_LOG");
+    unsetenv("TAGMEM_DISCARD_RELEASE");
+    unsetenv("TAGMEM_SWAP_RELEASE");
+    tagmem_test::TearDown();
+  }
+  std::vector<std::string> take() {
+    std::lock_guard lock(mutex_);
+    return std::exchange(lines_, {});
+  }
+
+ private:
+  std::mutex mutex_;
+  std::vector<std::string> lines_;
+};
+
+// "tagmem: swap device=0 a=b ... error=\"...\"" -> {"event": "swap", "a": "b", ...}.
+std::map<std::string, std::string> fields(const std::string& line) {
+  std::map<std::string, std::string> out;
+  EXPECT_EQ(line.rfind("tagmem: ", 0), 0u) << line;
+  EXPECT_EQ(line.back(), '\n') << line;
+  std::string body = line.substr(8, line.size() - 9);
+  const std::size_t err = body.find(" error=\"");
+  if (err != std::string::npos) {
+    out["error"] = body.substr(err + 8, body.size() - err - 9);
+    body = body.substr(0, err);
+  }
+  std::istringstream in(body);
+  std::string word;
+  in >> out["event"];
+  while (in >> word) {
+    if (word == "FAILED") {
+      out["failed"] = "1";
+      continue;
+    }
+    const std::size_t eq = word.find('=');
+    EXPECT_NE(eq, std::string::npos) << word << " in " << line;
+    out[word.substr(0, eq)] = word.substr(eq + 1);
+  }
+  return out;
+}
+
+std::uint64_t num(const std::map<std::string, std::string>& f, const std::string& key) {
+  auto it = f.find(key);
+  EXPECT_NE(it, f.end()) << key;
+  return it == f.end() ? ~0ull : std::stoull(it->second);
+}
+
+tagmem_tag_stats stats_of(const char* tag) {
+  tagmem_tag_stats s{};
+  EXPECT_EQ(tagmem_tag_stats_get(tag, 0, &s), TAGMEM_SUCCESS) << tagmem_last_error();
+  return s;
+}
+
+tagmem_device_stats device_stats() {
+  tagmem_device_stats s{};
+  EXPECT_EQ(tagmem_device_stats_get(0, &s), TAGMEM_SUCCESS) << tagmem_last_error();
+  return s;
+}
+
+// The line's free memory, pinned and used host bytes are what the statistics say just after.
+void expect_memory_now(const std::map<std::string, std::string>& f) {
+  const tagmem_device_stats d = device_stats();
+  if (using_emulator()) {
+    EXPECT_EQ(num(f, "device_free"), d.device_free_bytes);
+  }
+  EXPECT_EQ(num(f, "host_pinned"), d.host_pinned_bytes);
+  EXPECT_EQ(num(f, "host_used"), d.host_used_bytes);
+  EXPECT_EQ(num(f, "release_pending"), d.release_pending_bytes);
+}
+
+TEST_F(Observe, OneLinePerOffloadReloadAndSwapWithItsTagsAndBytes) {
+  auto rng = rng_for_test();
+  std::uniform_int_distribution<int> count(3, 12);
+  auto a = fill(rng, "alpha", count(rng), (1 + rng() % 5) << 20);
+  auto b = fill(rng, "beta", count(rng), (1 + rng() % 7) << 20);
+  take();
+  const char* alpha[] = {"alpha"};
+  const char* beta[] = {"beta"};
+  const tagmem_tag_stats a0 = stats_of("alpha");
+
+  TAGMEM_OK(tagmem_offload(alpha, 1, 0, TAGMEM_BACKUP));
+  auto lines = take();
+  ASSERT_EQ(lines.size(), 1u);
+  auto f = fields(lines[0]);
+  EXPECT_EQ(f["event"], "offload");
+  EXPECT_EQ(f["mode"], "backup");
+  EXPECT_EQ(f["out"], "alpha");
+  EXPECT_EQ(f.count("in"), 0u);
+  EXPECT_EQ(num(f, "out_bytes"), a0.mapped_bytes);
+  const tagmem_tag_stats a1 = stats_of("alpha");
+  EXPECT_EQ(num(f, "copied_bytes"), a1.bytes_offloaded);
+  EXPECT_GT(a1.bytes_offloaded, 0u);
+  EXPECT_GE(std::stod(f["ms"]), 0.0);
+  EXPECT_GE(std::stod(f["GBps"]), 0.0);
+  expect_memory_now(f);
+
+  const tagmem_tag_stats b0 = stats_of("beta");
+  TAGMEM_OK(tagmem_swap(beta, 1, alpha, 1, 0, TAGMEM_DISCARD));
+  lines = take();
+  ASSERT_EQ(lines.size(), 1u);
+  f = fields(lines[0]);
+  EXPECT_EQ(f["event"], "swap");
+  EXPECT_EQ(f["mode"], "discard");
+  EXPECT_EQ(f["out"], "beta");
+  EXPECT_EQ(f["in"], "alpha");
+  EXPECT_EQ(num(f, "out_bytes"), b0.mapped_bytes);
+  EXPECT_EQ(num(f, "in_bytes"), stats_of("alpha").mapped_bytes);
+  EXPECT_EQ(num(f, "copied_bytes"), stats_of("alpha").bytes_reloaded);  // DISCARD copies none out
+  expect_memory_now(f);
+  EXPECT_EQ(corrupted(a), 0u);
+
+  TAGMEM_OK(tagmem_reload(beta, 1, 0));
+  lines = take();
+  ASSERT_EQ(lines.size(), 1u);
+  f = fields(lines[0]);
+  EXPECT_EQ(f["event"], "reload");
+  EXPECT_EQ(f["in"], "beta");
+  EXPECT_EQ(f.count("out"), 0u);
+  EXPECT_EQ(num(f, "in_bytes"), b0.mapped_bytes);
+  EXPECT_EQ(num(f, "copied_bytes"), 0u);  // its contents were discarded
+  expect_memory_now(f);
+  for (auto* all : {&a, &b})
+    for (auto& x : *all) TAGMEM_OK(tagmem_free(x.ptr, nullptr));
+}
+
+TEST_F(Observe, AReloadOutOfMemoryNamesTagSizesFreeMemoryAndTheLargestResidentTags) {
+  auto rng = rng_for_test();
+  const std::size_t n = (32 + rng() % 64) << 20;
+  auto victim = fill(rng, "victim", 1, n);
+  const char* tags[] = {"victim"};
+  TAGMEM_OK(tagmem_offload(tags, 1, 0, TAGMEM_BACKUP));
+  const tagmem_tag_stats off = stats_of("victim");
+  // Two resident tags, the larger filling all but 16 MiB of the device.
+  void* small = nullptr;
+  TAGMEM_OK(tagmem_malloc_tagged(&small, 8 << 20, "small", 0, nullptr));
+  const std::size_t hog_size = (device_free_bytes() - (16u << 20)) / (2u << 20) * (2u << 20);
+  void* hog = nullptr;
+  TAGMEM_OK(tagmem_malloc_tagged(&hog, hog_size, "hog", 0, nullptr));
+  const std::size_t free_full = device_free_bytes();
+  take();
+
+  TAGMEM_FAILS_WITH(tagmem_reload(tags, 1, 0), TAGMEM_ERROR_OUT_OF_MEMORY);
+  const std::string msg = tagmem_last_error();
+  EXPECT_NE(
+      msg.find("reload of tag 'victim' needs " + std::to_string(off.reserved_bytes) + " bytes"),
+      std::string::npos)
+      << msg;
+  if (using_emulator()) {
+    EXPECT_NE(msg.find(" has " + std::to_string(free_full) + " of "), std::string::npos) << msg;
+  }
+  const std::size_t hog_at = msg.find("'hog' " + std::to_string(stats_of("hog").mapped_bytes));
+  const std::size_t small_at =
+      msg.find("'small' " + std::to_string(stats_of("small").mapped_bytes));
+  EXPECT_NE(hog_at, std::string::npos) << msg;
+  EXPECT_NE(small_at, std::string::npos) << msg;
+  EXPECT_LT(hog_at, small_at) << "largest first: " << msg;
+  EXPECT_NE(msg.find("'victim' stays offloaded with its backup"), std::string::npos) << msg;
+  EXPECT_EQ(stats_of("victim").state, TAGMEM_OFFLOADED_BACKUP);
+
+  // The log has the failed reload, with the tag's state after it, and the explained error.
+  const auto lines = take();
+  ASSERT_EQ(lines.size(), 2u);
+  auto f = fields(lines[0]);
+  EXPECT_EQ(f["event"], "reload");
+  EXPECT_EQ(f["failed"], "1");
+  EXPECT_EQ(f["states"], "victim:offloaded_backup");
+  EXPECT_NE(f["error"].find("OUT_OF_MEMORY"), std::string::npos) << lines[0];
+  EXPECT_EQ(lines[1], "tagmem: out of memory: " + msg + "\n");
+
+  TAGMEM_OK(tagmem_free(hog, nullptr));
+  TAGMEM_OK(tagmem_empty_cache(0));
+  TAGMEM_OK(tagmem_reload(tags, 1, 0));
+  EXPECT_EQ(corrupted(victim), 0u);
+  for (auto& x : victim) TAGMEM_OK(tagmem_free(x.ptr, nullptr));
+  TAGMEM_OK(tagmem_free(small, nullptr));
+}
+
+TEST_F(Observe, AnAllocationOutOfMemoryNamesTheTagAndTheBytesAskedFor) {
+  const std::size_t free_now = device_free_bytes();
+  void* hog = nullptr;
+  const std::size_t hog_size = (free_now - (64u << 20)) / (2u << 20) * (2u << 20);
+  TAGMEM_OK(tagmem_malloc_tagged(&hog, hog_size, "hog", 0, nullptr));
+  void* p = nullptr;
+  const std::size_t want = 256u << 20;
+  TAGMEM_FAILS_WITH(tagmem_malloc_tagged(&p, want, "wants", 0, nullptr),
+                    TAGMEM_ERROR_OUT_OF_MEMORY);
+  const std::string msg = tagmem_last_error();
+  EXPECT_NE(msg.find("allocation in tag 'wants' needs " + std::to_string(want) + " bytes"),
+            std::string::npos)
+      << msg;
+  EXPECT_NE(msg.find("'hog' " + std::to_string(stats_of("hog").mapped_bytes) + " bytes"),
+            std::string::npos)
+      << msg;
+  EXPECT_EQ(msg.find("stays offloaded"), std::string::npos) << msg;
+  TAGMEM_OK(tagmem_free(hog, nullptr));
+}
+
+// The trace is written on demand, whole, with the switch's span naming its tags' counters; a
+// path that cannot be written is an error naming it, and nothing else changes.
+TEST_F(Observe, TraceFlushWritesTheSwitchesSoFarAndReportsAnUnwritablePath) {
+  auto rng = rng_for_test();
+  const std::string path =
+      ::testing::TempDir() + "tagmem_observe_" + std::to_string(rng()) + ".json";
+  ASSERT_EQ(tagmem_shutdown(), TAGMEM_SUCCESS);
+  scoped_env trace("TAGMEM_TRACE", path.c_str());
+  ASSERT_EQ(tagmem_init(nullptr), TAGMEM_SUCCESS) << tagmem_last_error();
+  const std::string tag = "traced_" + std::to_string(rng() % 100000);
+  auto a = fill(rng, tag.c_str(), 1 + rng() % 4, (1 + rng() % 4) << 20);
+  const char* tags[] = {tag.c_str()};
+  TAGMEM_OK(tagmem_offload(tags, 1, 0, TAGMEM_BACKUP));
+  TAGMEM_OK(tagmem_reload(tags, 1, 0));
+  TAGMEM_OK(tagmem_trace_flush());
+  std::ifstream in(path);
+  ASSERT_TRUE(in) << path;
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(text.rfind("{\"displayTimeUnit\"", 0), 0u);
+  EXPECT_EQ(text.substr(text.size() - 3), "]}\n");
+  EXPECT_NE(text.find("{\"name\":\"offload\""), std::string::npos);
+  EXPECT_NE(text.find("{\"name\":\"reload\""), std::string::npos);
+  EXPECT_NE(text.find("\"name\":\"mapped_bytes " + tag + "\",\"ph\":\"C\""), std::string::npos);
+  EXPECT_NE(text.find("\"tag\":\"" + tag + "\""), std::string::npos);
+  EXPECT_EQ(corrupted(a), 0u);
+  std::remove(path.c_str());
+  for (auto& x : a) TAGMEM_OK(tagmem_free(x.ptr, nullptr));
+
+  ASSERT_EQ(tagmem_shutdown(), TAGMEM_SUCCESS);
+  const std::string bad = "/nonexistent-dir-" + std::to_string(rng()) + "/trace.json";
+  scoped_env bad_trace("TAGMEM_TRACE", bad.c_str());
+  ASSERT_EQ(tagmem_init(nullptr), TAGMEM_SUCCESS) << tagmem_last_error();
+  TAGMEM_FAILS_WITH(tagmem_trace_flush(), TAGMEM_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(tagmem_last_error()).find(bad), std::string::npos) << tagmem_last_error();
+  auto b = fill(rng, tag.c_str(), 1 + rng() % 4, (1 + rng() % 4) << 20);
+  TAGMEM_OK(tagmem_offload(tags, 1, 0, TAGMEM_BACKUP));  // tracing goes on regardless
+  TAGMEM_OK(tagmem_reload(tags, 1, 0));
+  EXPECT_EQ(corrupted(b), 0u);
+  for (auto& x : b) TAGMEM_OK(tagmem_free(x.ptr, nullptr));
+  ASSERT_EQ(tagmem_shutdown(), TAGMEM_SUCCESS);  // the unwritable trace does not fail shutdown
+}
+
+}  // namespace
+}  // namespace tagmem::test
