@@ -1,14 +1,15 @@
 // c_api.cpp — the C ABI (include/tagmem/tagmem.h) over the registry.
 //
-// Every entry point runs its body behind the C boundary (Note [C boundary] in c_error.hpp): an
-// exception becomes a status and a thread-local message, and a child forked after tagmem started
-// is refused before anything is touched. The registry is created on first use (or by tagmem_init
-// with a configuration) and destroyed by tagmem_shutdown; a process-wide shared lock keeps
-// shutdown from racing with other calls.
+// Every entry point runs its body through c_boundary (c_error.hpp), which turns any exception into
+// a status and a thread-local message, so no C caller ever sees an exception or an abort. The body
+// runs under a hold on the runtime (runtime.hpp), created on first use (or by tagmem_init with a
+// configuration) and destroyed by tagmem_shutdown, which waits for every hold. In a child
+// forked after tagmem started, both refuse before touching anything (Note [fork]). The external
+// tag (external_tag.hpp) is listed and counted beside the registry's tags.
 #include <atomic>
 #include <cstring>
 #include <mutex>
-#include <shared_mutex>
+#include <new>
 #include <string>
 
 #include "address_index.hpp"
@@ -21,28 +22,20 @@
 #include "observe/trace.hpp"
 #include "options.hpp"
 #include "registry.hpp"
+#include "runtime.hpp"
 #include "tag_scope.hpp"
 #include "tagmem/tagmem.h"
 
 namespace tagmem {
 namespace {
 
-std::shared_mutex g_lifetime;    // shared: any call; exclusive: init and shutdown
-registry* g_registry = nullptr;  // guarded by g_lifetime
-
 // Runs `body` with the registry behind the C boundary, creating the registry with defaults on
 // first use.
 template <class F>
 tagmem_status guarded(F&& body) noexcept {
   return c_boundary([&] {
-    for (;;) {
-      {
-        std::shared_lock lock(g_lifetime);
-        if (g_registry) return body(*g_registry);
-      }
-      std::unique_lock lock(g_lifetime);
-      if (!g_registry) g_registry = new registry(make_config(nullptr));
-    }
+    runtime::hold h;
+    body(h.core());
   });
 }
 
@@ -107,13 +100,7 @@ void tagmem_config_init(tagmem_config* config) {
 }
 
 tagmem_status tagmem_init(const tagmem_config* config) {
-  return c_boundary([&] {
-    tagmem::config cfg = make_config(config);
-    std::unique_lock lock(g_lifetime);
-    TAGMEM_EXPECTS(!g_registry, TAGMEM_ERROR_INVALID_ARGUMENT,
-                   "tagmem is already initialised; call tagmem_shutdown() first");
-    g_registry = new registry(cfg);
-  });
+  return c_boundary([&] { runtime::start(make_config(config)); });
 }
 
 tagmem_status tagmem_config_describe(char* buf, size_t capacity, size_t* needed) {
@@ -132,9 +119,7 @@ tagmem_status tagmem_config_describe(char* buf, size_t capacity, size_t* needed)
 
 tagmem_status tagmem_shutdown(void) {
   return c_boundary([] {
-    std::unique_lock lock(g_lifetime);
-    delete g_registry;
-    g_registry = nullptr;
+    runtime::stop();
     note_config_fields({});
     try {
       trace::close();  // a trace that cannot be written does not fail the shutdown
@@ -286,6 +271,10 @@ tagmem_status tagmem_host_trim(size_t keep_bytes) {
 tagmem_status tagmem_tag_stats_get(const char* tag, int device, tagmem_tag_stats* out) {
   return guarded([&](registry& r) {
     expect_non_null(out, "out");
+    if (const external_tag* x = find_external_tag(tag)) {
+      *out = x->stats(r.resolve_device(device));
+      return;
+    }
     tagmem::tag& t = r.get(r.resolve_device(device), tag);
     std::lock_guard lock(t.mutex());
     *out = t.stats();
@@ -300,6 +289,13 @@ tagmem_status tagmem_device_stats_get(int device, tagmem_device_stats* out) {
     for (tagmem::tag* t : r.tags(d)) {
       std::lock_guard lock(t->mutex());
       tagmem_tag_stats ts = t->stats();
+      s.allocated_bytes += ts.allocated_bytes;
+      s.reserved_bytes += ts.reserved_bytes;
+      s.mapped_bytes += ts.mapped_bytes;
+      s.tags++;
+    }
+    if (const external_tag* x = registered_external_tag(); x && x->listed(d)) {
+      tagmem_tag_stats ts = x->stats(d);
       s.allocated_bytes += ts.allocated_bytes;
       s.reserved_bytes += ts.reserved_bytes;
       s.mapped_bytes += ts.mapped_bytes;
@@ -321,9 +317,14 @@ tagmem_status tagmem_list_tags(int device, char (*names)[TAGMEM_MAX_TAG_NAME + 1
   return guarded([&](registry& r) {
     expect_non_null(count, "count");
     TAGMEM_EXPECTS(names || capacity == 0, TAGMEM_ERROR_INVALID_ARGUMENT, "names is NULL");
-    auto list = r.tags(r.resolve_device(device));
+    const int d = r.resolve_device(device);
+    meta_vector<const char*> list;
+    for (tagmem::tag* t : r.tags(d)) list.push_back(t->name());
+    if (const external_tag* x = registered_external_tag(); x && x->listed(d)) {
+      list.push_back(x->name);
+    }
     for (std::size_t i = 0; i < list.size() && i < capacity; ++i) {
-      std::strncpy(names[i], list[i]->name(), TAGMEM_MAX_TAG_NAME);
+      std::strncpy(names[i], list[i], TAGMEM_MAX_TAG_NAME);
       names[i][TAGMEM_MAX_TAG_NAME] = '\0';
     }
     *count = list.size();

@@ -78,7 +78,7 @@ device::~device() {
 // failed: callers unmap device memory or hand host extents back as soon as this returns or
 // throws, so no copy they queued may still be running (a sticky context error fails the second
 // wait at once; a transient failure does not leave the copies unattended).
-void device::synchronize_copy_streams() {
+CUresult device::wait_copy_streams() noexcept {
   CUresult first = CUDA_SUCCESS;
   for (const auto* list : {&d2h_, &h2d_}) {
     for (CUstream s : *list) {
@@ -87,7 +87,11 @@ void device::synchronize_copy_streams() {
       if (first == CUDA_SUCCESS) first = r;
     }
   }
-  driver::check(first, "cuStreamSynchronize");
+  return first;
+}
+
+void device::synchronize_copy_streams() {
+  driver::check(wait_copy_streams(), "cuStreamSynchronize");
 }
 
 CUevent device::acquire_event() {

@@ -37,7 +37,9 @@ class device {
   // not serialise them with the application's work).
   CUstream d2h_stream(std::size_t i) const noexcept { return d2h_[i % d2h_.size()]; }
   CUstream h2d_stream(std::size_t i) const noexcept { return h2d_[i % h2d_.size()]; }
-  void synchronize_copy_streams();  // waits for all of them; then throws the first failure
+  // Waits for all of them, also after one fails; returns the first failure / throws it.
+  CUresult wait_copy_streams() noexcept;
+  void synchronize_copy_streams();
 
   // Events without timing, recycled; acquire throws DRIVER.
   CUevent acquire_event();

@@ -6,7 +6,8 @@
 // device's primary context.
 //
 // Note [unmap as copied]: every device-to-host copy of every out-tag is queued at once, in
-// copy_piece_bytes pieces round-robin over the device's D2H streams, each followed by an event.
+// copy_piece_bytes pieces round-robin over the device's D2H streams, each followed by an event
+// (copy_queue.hpp).
 // A queueing failure therefore happens before anything is unmapped and leaves every tag as it
 // was. Then one loop on the calling thread unmaps each out-mapping as soon as the events of the
 // copies covering it have fired, and maps each in-run as soon as device memory allows, queueing
@@ -38,6 +39,7 @@
 #include <exception>
 
 #include "backup_retention.hpp"
+#include "copy_queue.hpp"
 #include "driver/driver.hpp"
 #include "observe/phase_report.hpp"
 #include "observe/trace.hpp"
@@ -49,8 +51,7 @@ namespace {
 class pipeline {
  public:
   pipeline(device& dev, tagmem_offload_mode mode, host_store& store, const config& cfg)
-      : dev_(dev), mode_(mode), store_(store), cfg_(cfg) {}
-  ~pipeline();
+      : dev_(dev), mode_(mode), store_(store), cfg_(cfg), copies_(dev) {}
   pipeline(const pipeline&) = delete;
   pipeline& operator=(const pipeline&) = delete;
 
@@ -87,28 +88,16 @@ class pipeline {
   std::size_t in_at_ = 0;   // ins_[0, in_at_) are fully mapped, their copies queued
   std::size_t budget_ = 0;  // free device bytes an in-run may still create (while outs remain)
   std::exception_ptr in_error_;
-  std::size_t next_d2h_ = 0, next_h2d_ = 0;
+  copy_queue copies_;
   unmapped_memory out_memory_ = unmapped_memory::release;  // what the out-side's unmaps do
 };
-
-pipeline::~pipeline() {
-  for (outgoing& o : outs_) {
-    for (CUevent e : o.done) dev_.release_event(e);
-  }
-}
 
 // ---- out side -----------------------------------------------------------------------------
 
 void pipeline::queue_out_copies() {
   for (outgoing& o : outs_) {
     o.done.reserve(o.pieces.size());
-    for (const backup_piece& p : o.pieces) {
-      CUstream s = dev_.d2h_stream(next_d2h_++);
-      TAGMEM_CU(cuMemcpyDtoHAsync, p.host, p.dev, p.bytes, s);
-      trace::copy_queued(s, true, o.t->name(), p.bytes);
-      o.done.push_back(dev_.acquire_event());
-      TAGMEM_CU(cuEventRecord, o.done.back(), s);
-    }
+    for (const backup_piece& p : o.pieces) o.done.push_back(copies_.to_host(p, o.t->name()));
   }
 }
 
@@ -165,7 +154,7 @@ void pipeline::commit(outgoing& o) {
 // reloaded from its backup (Note [unmap as copied]).
 void pipeline::restore_outs() noexcept {
   try {
-    dev_.synchronize_copy_streams();
+    copies_.finish();
   } catch (...) {  // a sticky error: the reload below fails too and the tags stay partial
   }
   for (incoming& in : ins_) undo(in);
@@ -262,8 +251,7 @@ void pipeline::queue_in_copies(incoming& in, CUdeviceptr mapped_end) {
   for (; in.next_piece < pieces.size(); ++in.next_piece) {
     const backup_piece& p = pieces[in.next_piece];
     if (p.dev + p.bytes > mapped_end) break;
-    TAGMEM_CU(cuMemcpyHtoDAsync, p.dev, p.host, p.bytes, dev_.h2d_stream(next_h2d_++));
-    trace::copy_queued(dev_.h2d_stream(next_h2d_ - 1), false, in.t->name(), p.bytes);
+    copies_.to_device(p, in.t->name());
     in.copied += p.bytes;
   }
 }
@@ -272,7 +260,7 @@ void pipeline::finish_ins() {
   if (ins_.empty()) return;
   std::size_t good = in_at_;
   try {
-    dev_.synchronize_copy_streams();
+    copies_.finish();
   } catch (...) {  // which copy failed is unknown: no in-tag is trusted
     if (!in_error_) in_error_ = std::current_exception();
     good = 0;
@@ -341,7 +329,7 @@ void pipeline::run(tag* const* outs, std::size_t out_count, tag* const* ins, std
       queue_out_copies();
     } catch (...) {  // nothing is unmapped yet: every tag is as it was
       try {
-        dev_.synchronize_copy_streams();
+        copies_.finish();
       } catch (...) {
       }
       for (outgoing& o : outs_) store_.release(o.extents);

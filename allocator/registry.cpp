@@ -6,6 +6,7 @@
 #include <mutex>
 
 #include "driver/driver.hpp"
+#include "external_tag.hpp"
 #include "observe/log.hpp"
 #include "offload_engine.hpp"
 
@@ -81,6 +82,11 @@ host_store& registry::store() {
   return *store_;
 }
 
+host_store* registry::existing_store() noexcept {
+  std::lock_guard lock(devices_mutex_);
+  return store_.get();
+}
+
 tag* registry::find(int ordinal, const char* name) {
   // Every allocation comes through here: a name already in the map was checked when it was
   // added, so only a miss (and NULL, before looking) is checked.
@@ -103,6 +109,7 @@ tag& registry::get(int ordinal, const char* name) {
 
 tag& registry::get_or_create(int ordinal, const char* name) {
   if (tag* t = find(ordinal, name)) return *t;
+  if (const external_tag* x = find_external_tag(name)) refuse_external(*x, "allocating");
   device& d = dev(ordinal);
   device_slot& s = slot(ordinal);
   std::unique_lock lock(s.tags_mutex);
@@ -152,11 +159,12 @@ void* registry::allocate(std::size_t size, const char* name, int ordinal, CUstre
   }
 }
 
-meta_vector<tag*> registry::lookup_unique(const char* const* names, std::size_t count,
-                                          int ordinal) {
+meta_vector<tag*> registry::lookup_unique(const char* const* names, std::size_t count, int ordinal,
+                                          const char* operation) {
   TAGMEM_EXPECTS(names != nullptr || count == 0, TAGMEM_ERROR_INVALID_ARGUMENT, "tag list is NULL");
   meta_vector<tag*> out;
   for (std::size_t i = 0; i < count; ++i) {
+    if (const external_tag* x = find_external_tag(names[i])) refuse_external(*x, operation);
     tag* t = &get(ordinal, names[i]);
     TAGMEM_EXPECTS(std::find(out.begin(), out.end(), t) == out.end(), TAGMEM_ERROR_INVALID_ARGUMENT,
                    std::string("tag '") + names[i] + "' is listed twice");
@@ -192,7 +200,7 @@ void registry::offload(const char* const* names, std::size_t count, int ordinal,
                        tagmem_offload_mode mode) {
   TAGMEM_EXPECTS(mode == TAGMEM_BACKUP || mode == TAGMEM_DISCARD, TAGMEM_ERROR_INVALID_ARGUMENT,
                  "offload mode must be TAGMEM_BACKUP or TAGMEM_DISCARD");
-  meta_vector<tag*> list = lookup_unique(names, count, ordinal);
+  meta_vector<tag*> list = lookup_unique(names, count, ordinal, "tagmem_offload");
   if (list.empty()) return;
   host_store& hs = store();
   multi_lock lock(list);
@@ -204,7 +212,7 @@ void registry::offload(const char* const* names, std::size_t count, int ordinal,
 }
 
 void registry::reload(const char* const* names, std::size_t count, int ordinal) {
-  meta_vector<tag*> list = lookup_unique(names, count, ordinal);
+  meta_vector<tag*> list = lookup_unique(names, count, ordinal, "tagmem_reload");
   if (list.empty()) return;
   host_store& hs = store();
   multi_lock lock(list);
@@ -220,8 +228,8 @@ void registry::swap(const char* const* out_names, std::size_t out_count,
                     tagmem_offload_mode mode) {
   TAGMEM_EXPECTS(mode == TAGMEM_BACKUP || mode == TAGMEM_DISCARD, TAGMEM_ERROR_INVALID_ARGUMENT,
                  "offload mode must be TAGMEM_BACKUP or TAGMEM_DISCARD");
-  meta_vector<tag*> outs = lookup_unique(out_names, out_count, ordinal);
-  meta_vector<tag*> ins = lookup_unique(in_names, in_count, ordinal);
+  meta_vector<tag*> outs = lookup_unique(out_names, out_count, ordinal, "tagmem_swap");
+  meta_vector<tag*> ins = lookup_unique(in_names, in_count, ordinal, "tagmem_swap");
   for (tag* t : ins) {
     TAGMEM_EXPECTS(std::find(outs.begin(), outs.end(), t) == outs.end(),
                    TAGMEM_ERROR_INVALID_ARGUMENT,

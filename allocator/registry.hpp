@@ -25,14 +25,17 @@ class registry {
   explicit registry(const config& cfg);  // loads the driver; throws
   ~registry();                           // releases everything
 
-  host_store& store();
+  const config& settings() const noexcept { return cfg_; }
+  host_store& store();                    // created on first use
+  host_store* existing_store() noexcept;  // nullptr before that
   int device_count() const noexcept { return device_count_; }
 
   // Resolves TAGMEM_CURRENT_DEVICE and checks the ordinal.
   int resolve_device(int ordinal);
   device& dev(int ordinal);  // created on first use
 
-  // The tag, created on first use / nullptr or UNKNOWN_TAG when missing.
+  // The tag, created on first use / nullptr or UNKNOWN_TAG when missing. The external tag's
+  // name (external_tag.hpp) is refused with INVALID_ARGUMENT: it is never a tag of the registry.
   tag& get_or_create(int ordinal, const char* name);
   tag* find(int ordinal, const char* name);
   tag& get(int ordinal, const char* name);  // throws UNKNOWN_TAG
@@ -57,7 +60,9 @@ class registry {
     meta_map<meta_string, tag*, std::less<>> tags;  // looked up by const char*, no copy
   };
   device_slot& slot(int ordinal);
-  meta_vector<tag*> lookup_unique(const char* const* names, std::size_t count, int ordinal);
+  // Throws INVALID_ARGUMENT naming `operation` for the external tag.
+  meta_vector<tag*> lookup_unique(const char* const* names, std::size_t count, int ordinal,
+                                  const char* operation);
 
   config cfg_;
   int device_count_ = 0;

@@ -11,17 +11,11 @@
 #include <mutex>
 
 #include "block_pool.hpp"
+#include "copy_queue.hpp"  // backup_piece: where one range of an offloaded tag waits
 #include "host_store.hpp"
 #include "vm_arena.hpp"
 
 namespace tagmem {
-
-// Where one range of an offloaded tag's bytes waits on the host.
-struct backup_piece {
-  CUdeviceptr dev = 0;
-  char* host = nullptr;
-  std::size_t bytes = 0;
-};
 
 struct tag_counters {
   std::uint64_t alloc_count = 0;

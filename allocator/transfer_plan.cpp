@@ -17,25 +17,13 @@ void plan_outgoing(outgoing& o, tagmem_offload_mode mode, host_store& store,
   if (mode != TAGMEM_BACKUP || o.bytes == 0) return;  // nothing to wait for before unmapping
   o.extents = store.acquire(o.bytes);
   try {
-    const auto& ext = o.extents;
-    std::size_t e = 0, e_off = 0;
+    extent_cursor cursor{o.extents};
     for (std::size_t i = 0; i < o.maps.size();) {
       // A contiguous range of resident mappings: [maps[i], maps[j]).
-      CUdeviceptr at = o.maps[i].va;
-      CUdeviceptr end = at + o.maps[i].size;
+      CUdeviceptr end = o.maps[i].va + o.maps[i].size;
       std::size_t j = i + 1;
       for (; j < o.maps.size() && o.maps[j].va == end; ++j) end += o.maps[j].size;
-      while (at < end) {  // Note [copies span mappings]
-        TAGMEM_ASSERT(e < ext.size());
-        std::size_t n = std::min({piece_bytes, std::size_t(end - at), ext[e].size - e_off});
-        o.pieces.push_back({at, ext[e].ptr + e_off, n});
-        at += n;
-        e_off += n;
-        if (e_off == ext[e].size) {
-          ++e;
-          e_off = 0;
-        }
-      }
+      cut_pieces(o.maps[i].va, end, cursor, piece_bytes, o.pieces);  // Note [copies span mappings]
       i = j;
     }
     for (out_mapping& m : o.maps) {

@@ -36,7 +36,7 @@ struct outgoing {
   std::size_t bytes = 0;             // resident bytes (copied in BACKUP mode)
   meta_vector<host_extent> extents;  // taken from the store for this offload
   meta_vector<backup_piece> pieces;  // this offload's copies, by address
-  meta_vector<CUevent> done;         // recorded after each queued copy
+  meta_vector<CUevent> done;         // recorded after each queued copy (the copy queue's)
   meta_vector<out_mapping> maps;     // resident mappings, by address
   std::size_t next_map = 0;          // maps [0, next_map) are unmapped
   std::size_t waited = 0;            // copies [0, waited) are known to have finished

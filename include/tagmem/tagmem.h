@@ -14,6 +14,10 @@
  *  - Tag names are non-empty, NUL-terminated, at most TAGMEM_MAX_TAG_NAME bytes; a tag exists on
  *    a device from its first allocation there on, or from the first tagmem_push_tag of its name
  *    by a thread whose current device it is (tags are never removed before tagmem_shutdown).
+ *  - Under the LD_PRELOAD shim, NCCL's memory is the tag "nccl" (docs/nccl.md): listed and
+ *    counted like any tag on the devices where NCCL holds memory, but moved only by
+ *    tagmem_nccl_pause / tagmem_nccl_resume; offloading, reloading, swapping or allocating in it
+ *    fails with INVALID_ARGUMENT.
  *  - All functions are thread-safe unless stated otherwise. The library initialises itself on
  *    first use with defaults and TAGMEM_* environment variables; tagmem_init() is only needed
  *    to pass a configuration.
@@ -153,7 +157,8 @@ TAGMEM_API tagmem_status tagmem_config_describe(char* buf, size_t capacity, size
 
 /* Releases every tag on every device (live allocations included: their pointers become
  * invalid), the host store and the driver. tagmem may be initialised again afterwards.
- * Must not race with other tagmem calls. */
+ * Must not race with other tagmem calls. Errors: TAG_OFFLOADED, changing nothing, while the
+ * host store holds backups of NCCL's paused memory (tagmem_nccl_resume first). */
 TAGMEM_API tagmem_status tagmem_shutdown(void);
 
 /* The message of the calling thread's most recent failure ("" if none). Valid until the thread's

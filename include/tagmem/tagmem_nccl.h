@@ -84,8 +84,9 @@ typedef struct tagmem_nccl_stats {
   uint64_t pause_count;
   uint64_t resume_count;
   int paused; /* 1 between a successful pause and a successful resume */
-  /* Pinned host bytes the backup store has handed out: backup_bytes, plus backups of a pause
-   * that timed out while copies into them were still running, given back when those end. */
+  /* Bytes of tagmem's pinned host store (the one of tagmem_device_stats) that NCCL's backups
+   * hold: backup_bytes, plus backups of a pause that timed out while copies into them were still
+   * running, given back when those end. */
   size_t backup_store_used_bytes;
 } tagmem_nccl_stats;
 

@@ -13,9 +13,7 @@
 #include <system_error>
 #include <thread>
 
-#include "device_access.hpp"
-#include "driver/driver.hpp"
-#include "error.hpp"
+#include "runtime.hpp"
 
 namespace tagmem::nccl {
 namespace {
@@ -74,9 +72,8 @@ deadline deadline_after(int timeout_ms) {
   return std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
 }
 
-wait_outcome wait_bounded(int device, deadline until, std::function<CUresult()> wait,
-                          std::function<void()> if_late) {
-  CUcontext context = primary_context(device);
+wait_outcome wait_bounded(int device, CUcontext context, deadline until,
+                          std::function<CUresult()> wait, std::function<void()> if_late) {
   auto j = std::make_shared<job>();
   std::shared_ptr<job> before;
   {
@@ -118,6 +115,15 @@ bool settle_late_wait(int device, deadline until) {
   auto it = late_jobs().find(device);
   if (it != late_jobs().end() && it->second == j) late_jobs().erase(it);
   return true;
+}
+
+bool late_wait_running() {
+  std::lock_guard lock(g_mutex);
+  for (const auto& [d, j] : late_jobs()) {
+    std::lock_guard job_lock(j->mutex);
+    if (!j->ended) return true;
+  }
+  return false;
 }
 
 bool settle_late_waits(deadline until, int* device) {

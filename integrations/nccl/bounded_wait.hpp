@@ -31,12 +31,15 @@ struct wait_outcome {
 
 // Runs `wait` (a blocking driver call that names its context or stream) on a helper thread,
 // after the device's late wait (if any) has ended, and waits for it until `until`. When it does
-// not end in time, `if_late` runs on the helper thread right after it ends, with `device`'s
-// primary context current.
-// Throws DRIVER when the primary context is not available (then nothing was waited for and
-// `if_late` never runs). Without a thread to wait on, waits on the caller's, unbounded.
-wait_outcome wait_bounded(int device, deadline until, std::function<CUresult()> wait,
-                          std::function<void()> if_late);
+// not end in time, `if_late` runs on the helper thread right after it ends, with `context`
+// (`device`'s primary context) current. Without a thread to wait on, waits on the caller's,
+// unbounded.
+wait_outcome wait_bounded(int device, CUcontext context, deadline until,
+                          std::function<CUresult()> wait, std::function<void()> if_late);
+
+// Whether some late wait or its hand-over is still going (it uses the runtime's devices and
+// host store, which must outlive it).
+bool late_wait_running();
 
 // Waits until the late wait of `device` (if any) and its hand-over have ended; false when it
 // is still going at `until`.

@@ -69,27 +69,36 @@
 #include <set>
 #include <thread>
 
+#include "backup_extents.hpp"
 #include "bounded_wait.hpp"
-#include "device_access.hpp"
-#include "driver/driver.hpp"
-#include "error.hpp"
 #include "fd_identity.hpp"
 #include "interposed.hpp"
 #include "messages.hpp"
 #include "record_moves.hpp"
 #include "records.hpp"
+#include "runtime.hpp"
 
 namespace tagmem::nccl {
 namespace {
+
+// What the last pause released, by origin.
+struct released_counts {
+  std::size_t local_bytes = 0;
+  std::size_t exported_bytes = 0;
+  std::size_t imported_bytes = 0;
+  std::uint64_t allocations = 0;
+  std::size_t bytes() const noexcept { return local_bytes + exported_bytes + imported_bytes; }
+};
 
 struct state {
   bool paused = false;
   std::uint64_t pause_count = 0;
   std::uint64_t resume_count = 0;
-  std::size_t last_released[3] = {0, 0, 0};  // local, exported, imported
-  std::uint64_t last_released_allocations = 0;
+  released_counts last_released;
   std::size_t last_kept_bytes = 0;
   std::uint64_t last_kept_allocations = 0;
+  std::uint64_t bytes_backed_up = 0;  // copied to the host by pauses, ever
+  std::uint64_t bytes_restored = 0;   // copied back by resumes, ever
 };
 state g_state;  // guarded by records().mutex()
 
@@ -126,12 +135,12 @@ bool local(const allocation& a) { return a.from != origin::imported; }
 // Local records live on their location; imports are worked with from their home device.
 int device_of(const allocation& a) { return local(a) ? a.prop.location.id : a.home_device; }
 
-// The device's context for the scope's life, when the device is known.
+// The device's primary context for the scope's life, when the device is known.
 struct maybe_device_scope {
-  explicit maybe_device_scope(int device) {
-    if (device >= 0) scope.emplace(device);
+  maybe_device_scope(const runtime::hold& rt, int device) {
+    if (device >= 0) scope.emplace(rt.dev(device).context());
   }
-  std::optional<device_scope> scope;
+  std::optional<context_guard> scope;
 };
 
 const mapping_record* full_mapping(const allocation& a) {
@@ -147,9 +156,9 @@ bool releasable_here(const allocation& a) {
   return full_mapping(a) != nullptr;
 }
 
-std::size_t& origin_slot(state& s, const allocation& a) {
-  if (a.from == origin::imported) return s.last_released[2];
-  return a.exported_ever ? s.last_released[1] : s.last_released[0];
+std::size_t& origin_slot(released_counts& c, const allocation& a) {
+  if (a.from == origin::imported) return c.imported_bytes;
+  return a.exported_ever ? c.exported_bytes : c.local_bytes;
 }
 
 bool any_failed(const std::vector<rank_outcome>& all) {
@@ -170,7 +179,7 @@ void settle_earlier_waits(deadline until, int timeout_ms) {
 }
 
 // Waits for every device with a record to be idle, each wait bounded (bounded_wait.hpp).
-void synchronize_devices(int timeout_ms) {
+void synchronize_devices(const runtime::hold& rt, int timeout_ms) {
   std::set<int> devices;
   records().for_each([&](allocation& a) {
     if (device_of(a) >= 0) devices.insert(device_of(a));
@@ -178,9 +187,9 @@ void synchronize_devices(int timeout_ms) {
   deadline until = deadline_after(timeout_ms);
   settle_earlier_waits(until, timeout_ms);
   for (int d : devices) {
-    CUcontext context = primary_context(d);
-    wait_outcome w =
-        wait_bounded(d, until, [context] { return driver::api().cuCtxSynchronize(context); }, {});
+    CUcontext context = rt.dev(d).context();
+    wait_outcome w = wait_bounded(
+        d, context, until, [context] { return driver::api().cuCtxSynchronize(context); }, {});
     if (!w.in_time)
       fail(TAGMEM_ERROR_TIMEOUT, "device " + std::to_string(d) +
                                      " did not finish its work within " + ms(timeout_ms) +
@@ -190,28 +199,39 @@ void synchronize_devices(int timeout_ms) {
   }
 }
 
-// Waits for the copies queued on `device`'s copy stream. Returns their status when they end in
-// time; otherwise `if_late` runs once they have ended (it gives back what they use) and this
-// throws TIMEOUT. Whatever the status, the copies have stopped when this returns: the memory
-// they use may be given back.
-CUresult wait_for_copies(int device, CUstream stream, int timeout_ms,
-                         std::function<void()> if_late) {
-  auto wait = [stream] {
-    const auto& api = driver::api();
-    CUresult r = api.cuStreamSynchronize(stream);
-    // A failed wait says nothing about the copies: see them end before anything is given back.
-    if (r != CUDA_SUCCESS) {
-      while (api.cuStreamQuery(stream) == CUDA_ERROR_NOT_READY)
-        std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    }
-    return r;
-  };
-  wait_outcome w =
-      wait_bounded(device, deadline_after(timeout_ms), std::move(wait), std::move(if_late));
+// Waits for the copies queued on `dev`'s copy streams (copy_queue.hpp). Returns their status
+// when they end in time; otherwise `if_late` runs once they have ended (it gives back what they
+// use) and this throws TIMEOUT. Whatever the status, the copies have stopped when this returns:
+// the memory they use may be given back.
+CUresult wait_for_copies(device& dev, int timeout_ms, std::function<void()> if_late) {
+  wait_outcome w = wait_bounded(
+      dev.ordinal(), dev.context(), deadline_after(timeout_ms),
+      [&dev] { return dev.wait_copy_streams(); }, std::move(if_late));
   if (!w.in_time)
-    fail(TAGMEM_ERROR_TIMEOUT,
-         "copies on device " + std::to_string(device) + " did not finish within " + ms(timeout_ms));
+    fail(TAGMEM_ERROR_TIMEOUT, "copies on device " + std::to_string(dev.ordinal()) +
+                                   " did not finish within " + ms(timeout_ms));
   return w.status;
+}
+
+// The copies between `a`'s whole mapping and its backup extents.
+meta_vector<backup_piece> pieces_of(const allocation& a, std::size_t piece_bytes) {
+  meta_vector<backup_piece> out;
+  extent_cursor cursor{a.backup};
+  CUdeviceptr va = full_mapping(a)->va;
+  cut_pieces(va, va + a.size, cursor, piece_bytes, out);
+  return out;
+}
+
+// A hold on the runtime for a pause or resume. It is taken before the records' mutex, the order
+// in which tagmem's own calls take them (the `nccl` tag's stats read the records under a hold).
+// A failure is returned, to be reported to every rank in the operation's first step.
+std::exception_ptr open_runtime(std::optional<runtime::hold>& rt) {
+  try {
+    rt.emplace();
+    return nullptr;
+  } catch (...) {
+    return std::current_exception();
+  }
 }
 
 // ---- pause ---------------------------------------------------------------------------------
@@ -372,7 +392,7 @@ std::set<std::uint64_t> decide(group_session& s) {
 
 void give_back_backups(const std::vector<allocation*>& list) {
   for (allocation* a : list) {
-    if (host_store* store = existing_backup_store()) store->release(a->backup);
+    return_backup(a->backup);
     a->backup.clear();
   }
 }
@@ -380,30 +400,33 @@ void give_back_backups(const std::vector<allocation*>& list) {
 // Copies the bytes of `list` (records on `device`) to pinned host memory. On failure every
 // backup is off the records: given back, or — while copies may still write into it — handed to
 // the late wait, which gives it back once they have ended.
-void back_up_device(int device, const std::vector<allocation*>& list, int timeout_ms) {
-  host_store& store = backup_store(device);
-  device_scope scope(device);
-  CUstream stream = copy_stream(device);
+void back_up_device(const runtime::hold& rt, int device, const std::vector<allocation*>& list,
+                    int timeout_ms) {
+  host_store& store = rt.store();
+  tagmem::device& dev = rt.dev(device);
+  context_guard scope(dev.context());
   std::vector<allocation*> queued;
   std::exception_ptr failed;
-  try {
-    queued.reserve(list.size());
-    for (allocation* a : list) {
-      a->backup = store.acquire(a->size);
-      queued.push_back(a);
-      queue_to_host(a->backup, full_mapping(*a)->va, stream);
+  {
+    copy_queue copies(dev);
+    try {
+      queued.reserve(list.size());
+      for (allocation* a : list) {
+        a->backup = take_backup(store, a->size);
+        queued.push_back(a);
+        for (const backup_piece& p : pieces_of(*a, rt.settings().copy_piece_bytes))
+          copies.to_host(p, TAGMEM_NCCL_TAG);
+      }
+    } catch (...) {
+      failed = std::current_exception();
     }
-  } catch (...) {
-    failed = std::current_exception();
   }
   auto in_flight = std::make_shared<meta_vector<host_extent>>();
   for (allocation* a : queued)
     in_flight->insert(in_flight->end(), a->backup.begin(), a->backup.end());
   CUresult status = CUDA_SUCCESS;
   try {
-    status = wait_for_copies(device, stream, timeout_ms, [in_flight] {
-      if (host_store* s = existing_backup_store()) s->release(*in_flight);
-    });
+    status = wait_for_copies(dev, timeout_ms, [in_flight] { return_backup(*in_flight); });
   } catch (...) {
     for (allocation* a : queued) a->backup.clear();  // the late wait gives them back
     throw;
@@ -416,7 +439,7 @@ void back_up_device(int device, const std::vector<allocation*>& list, int timeou
 }
 
 // Step 4: copies the bytes of the local records in `release` to pinned host memory.
-void back_up(const std::set<std::uint64_t>& release, int timeout_ms) {
+void back_up(const runtime::hold& rt, const std::set<std::uint64_t>& release, int timeout_ms) {
   std::map<int, std::vector<allocation*>> by_device;
   for (std::uint64_t id : release) {
     allocation* a = records().by_id(id);
@@ -425,7 +448,7 @@ void back_up(const std::set<std::uint64_t>& release, int timeout_ms) {
   std::vector<allocation*> done;
   try {
     for (auto& [device, list] : by_device) {
-      back_up_device(device, list, timeout_ms);
+      back_up_device(rt, device, list, timeout_ms);
       done.insert(done.end(), list.begin(), list.end());
     }
   } catch (...) {
@@ -444,22 +467,23 @@ void forget_backups(const std::set<std::uint64_t>& release) {
 
 // Step 5, first phase (Note [two-phase release]): detaches every record in `release`, in
 // `off`. Stops at the first failure (that record is as it was).
-void detach_all(const std::set<std::uint64_t>& release, std::vector<detached>& off) {
+void detach_all(const runtime::hold& rt, const std::set<std::uint64_t>& release,
+                std::vector<detached>& off) {
   off.reserve(release.size());
   for (std::uint64_t id : release) {
     allocation* a = records().by_id(id);
-    maybe_device_scope scope(device_of(*a));
+    maybe_device_scope scope(rt, device_of(*a));
     off.push_back(detach(*a));
   }
 }
 
 // Maps every detached record back. One that cannot be is released instead (it keeps its
 // backup); returns false then, with the reasons in `failures`.
-bool put_back(std::vector<detached>& off, std::string& failures) {
+bool put_back(const runtime::hold& rt, std::vector<detached>& off, std::string& failures) {
   bool whole = true;
   for (const detached& d : off) {
     try {
-      maybe_device_scope scope(device_of(*d.a));
+      maybe_device_scope scope(rt, device_of(*d.a));
       reattach(d);
       end_borrow(d);
     } catch (const error& e) {
@@ -475,16 +499,15 @@ bool put_back(std::vector<detached>& off, std::string& failures) {
 
 // The last pause's released bytes, by origin.
 void count_released(const std::set<std::uint64_t>& release) {
-  state fresh;
+  released_counts fresh;
   for (std::uint64_t id : release) {
     allocation* a = records().by_id(id);
     if (!a || !a->released) continue;
     origin_slot(fresh, *a) += a->size;
-    fresh.last_released_allocations++;
+    fresh.allocations++;
+    for (const host_extent& e : a->backup) g_state.bytes_backed_up += e.size;
   }
-  std::copy(std::begin(fresh.last_released), std::end(fresh.last_released),
-            std::begin(g_state.last_released));
-  g_state.last_released_allocations = fresh.last_released_allocations;
+  g_state.last_released = fresh;
 }
 
 void count_kept() {
@@ -531,33 +554,36 @@ void run_unbuild(const std::vector<unbuild>& list) {
 
 // Rebuilds and refills the released local records of one device, in `out`. On failure, what it
 // rebuilt is undone: now, or — while copies may still fill it — by the late wait once they end.
-void rebuild_device(int device, const std::vector<allocation*>& list, int timeout_ms,
-                    std::vector<rebuilt>& out) {
+void rebuild_device(const runtime::hold& rt, int device, const std::vector<allocation*>& list,
+                    int timeout_ms, std::vector<rebuilt>& out) {
   if (!settle_late_wait(device, deadline_after(timeout_ms)))
     fail(TAGMEM_ERROR_TIMEOUT, "device " + std::to_string(device) +
                                    " is still busy with work that outlived an earlier timeout "
                                    "(waited " +
                                    ms(timeout_ms) + ")");
-  device_scope scope(device);
-  CUstream stream = copy_stream(device);
+  tagmem::device& dev = rt.dev(device);
+  context_guard scope(dev.context());
   std::vector<rebuilt> here;
   std::exception_ptr failed;
-  try {
-    here.reserve(list.size());
-    for (allocation* a : list) {
-      CUmemGenericAllocationHandle h = 0;
-      TAGMEM_CU(cuMemCreate, &h, a->size, &a->prop, 0);
-      here.push_back({a, h, false});
-      map_everywhere(*a, h);
-      here.back().mapped = true;
-      queue_to_device(a->backup, full_mapping(*a)->va, stream);
+  {
+    copy_queue copies(dev);
+    try {
+      here.reserve(list.size());
+      for (allocation* a : list) {
+        CUmemGenericAllocationHandle h = 0;
+        TAGMEM_CU(cuMemCreate, &h, a->size, &a->prop, 0);
+        here.push_back({a, h, false});
+        map_everywhere(*a, h);
+        here.back().mapped = true;
+        for (const backup_piece& p : pieces_of(*a, rt.settings().copy_piece_bytes))
+          copies.to_device(p, TAGMEM_NCCL_TAG);
+      }
+    } catch (...) {
+      failed = std::current_exception();
     }
-  } catch (...) {
-    failed = std::current_exception();
   }
   auto pending = std::make_shared<std::vector<unbuild>>(to_unbuild(here));
-  CUresult status =
-      wait_for_copies(device, stream, timeout_ms, [pending] { run_unbuild(*pending); });
+  CUresult status = wait_for_copies(dev, timeout_ms, [pending] { run_unbuild(*pending); });
   if (failed || status != CUDA_SUCCESS) {
     run_unbuild(*pending);
     if (failed) std::rethrow_exception(failed);
@@ -566,10 +592,10 @@ void rebuild_device(int device, const std::vector<allocation*>& list, int timeou
   out.insert(out.end(), here.begin(), here.end());
 }
 
-void undo(std::vector<rebuilt>& done) {
+void undo(const runtime::hold& rt, std::vector<rebuilt>& done) {
   for (const rebuilt& r : done) {
     try {
-      device_scope scope(device_of(*r.a));
+      context_guard scope(rt.dev(device_of(*r.a)).context());
       run_unbuild(to_unbuild({r}));
     } catch (const error&) {
       run_unbuild(to_unbuild({r}));  // the calls need no context of their own
@@ -579,16 +605,16 @@ void undo(std::vector<rebuilt>& done) {
 }
 
 // Resume step 1 for this rank: rebuilds and refills; on failure undoes everything it did.
-std::vector<rebuilt> rebuild_local(int timeout_ms) {
+std::vector<rebuilt> rebuild_local(const runtime::hold& rt, int timeout_ms) {
   std::vector<rebuilt> out;
   std::map<int, std::vector<allocation*>> by_device;
   records().for_each([&](allocation& a) {
     if (local(a) && a.released) by_device[device_of(a)].push_back(&a);
   });
   try {
-    for (auto& [device, list] : by_device) rebuild_device(device, list, timeout_ms, out);
+    for (auto& [device, list] : by_device) rebuild_device(rt, device, list, timeout_ms, out);
   } catch (...) {
-    undo(out);
+    undo(rt, out);
     throw;
   }
   return out;
@@ -604,6 +630,7 @@ void commit(std::vector<rebuilt>& done) {
       a.real_held = false;
     }
     a.released = false;
+    for (const host_extent& e : a.backup) g_state.bytes_restored += e.size;
     give_back_backups({&a});
   }
 }
@@ -611,7 +638,7 @@ void commit(std::vector<rebuilt>& done) {
 // Resume step 2: re-share. An owner hands a new handle only to a process it exported the
 // buffer to, an importer takes one only from the process it imported from; a mismatch fails
 // the resume naming both sides, and nothing is mapped for it.
-void reshare(group_session& s) {
+void reshare(const runtime::hold& rt, group_session& s) {
   std::vector<need> needs;
   std::string failures;
   tagmem_status code = TAGMEM_ERROR_DRIVER;  // PEER once a process was not the right one
@@ -680,7 +707,7 @@ void reshare(group_session& s) {
         return;
       }
       try {
-        maybe_device_scope scope(device_of(b));
+        maybe_device_scope scope(rt, device_of(b));
         CUmemGenericAllocationHandle h = 0;
         TAGMEM_CU(cuMemImportFromShareableHandle, &h,
                   reinterpret_cast<void*>(static_cast<std::intptr_t>(fds[0])),
@@ -716,19 +743,24 @@ void reshare(group_session& s) {
 }  // namespace
 
 void pause(const group_spec& spec) {
+  std::optional<runtime::hold> rt;
+  std::exception_ptr no_runtime = open_runtime(rt);
   std::lock_guard lock(records().mutex());
   drop_leftovers();
   auto s = group_session::join(spec, group_op::pause, !g_state.paused, TAGMEM_ERROR_TAG_OFFLOADED,
                                "the nccl tag is already paused (resume it first)");
   const int me = s->rank();
-  throw_if_failed(s->outcomes(attempt([&] { synchronize_devices(spec.timeout_ms); }),
+  throw_if_failed(s->outcomes(attempt([&] {
+                                if (no_runtime) std::rethrow_exception(no_runtime);
+                                synchronize_devices(*rt, spec.timeout_ms);
+                              }),
                               "waiting for the devices to be idle"),
                   me, "waiting for its devices to be idle");
   match(*s);
   std::set<std::uint64_t> release = decide(*s);
   std::vector<rank_outcome> copied;
   try {
-    copied = s->outcomes(attempt([&] { back_up(release, spec.timeout_ms); }),
+    copied = s->outcomes(attempt([&] { back_up(*rt, release, spec.timeout_ms); }),
                          "copying bytes to the host");
   } catch (...) {
     forget_backups(release);  // a rank vanished: nothing was released anywhere
@@ -740,13 +772,13 @@ void pause(const group_spec& spec) {
   }
   // Note [two-phase release]
   std::vector<detached> off;
-  rank_outcome mine = attempt([&] { detach_all(release, off); });
+  rank_outcome mine = attempt([&] { detach_all(*rt, release, off); });
   std::vector<rank_outcome> unmapped;
   std::string failures;
   try {
     unmapped = s->outcomes(mine, "unmapping");
   } catch (...) {
-    bool whole = put_back(off, failures);  // a rank vanished: the others put theirs back too
+    bool whole = put_back(*rt, off, failures);  // a rank vanished: the others put theirs back too
     forget_backups(release);
     if (!whole) {
       g_state.paused = true;
@@ -757,7 +789,7 @@ void pause(const group_spec& spec) {
     throw;
   }
   if (any_failed(unmapped)) {
-    bool whole = put_back(off, failures);
+    bool whole = put_back(*rt, off, failures);
     forget_backups(release);
     bool all_whole = whole;
     try {
@@ -782,26 +814,31 @@ void pause(const group_spec& spec) {
 }
 
 void resume(const group_spec& spec) {
+  std::optional<runtime::hold> rt;
+  std::exception_ptr no_runtime = open_runtime(rt);
   std::lock_guard lock(records().mutex());
   drop_leftovers();
   auto s = group_session::join(spec, group_op::resume, g_state.paused, TAGMEM_ERROR_TAG_RESIDENT,
                                "the nccl tag is not paused; nothing to resume");
   const int me = s->rank();
   std::vector<rebuilt> done;
-  rank_outcome mine = attempt([&] { done = rebuild_local(spec.timeout_ms); });
+  rank_outcome mine = attempt([&] {
+    if (no_runtime) std::rethrow_exception(no_runtime);
+    done = rebuild_local(*rt, spec.timeout_ms);
+  });
   std::vector<rank_outcome> all;
   try {
     all = s->outcomes(mine, "rebuilding buffers");
   } catch (...) {
-    undo(done);  // a rank vanished: stay paused with the backup
+    undo(*rt, done);  // a rank vanished: stay paused with the backup
     throw;
   }
   if (any_failed(all)) {
-    undo(done);  // every rank stays paused with its backup, so the call can be repeated
+    undo(*rt, done);  // every rank stays paused with its backup, so the call can be repeated
     throw_if_failed(all, me, "rebuilding NCCL's buffers");
   }
   commit(done);
-  mine = attempt([&] { reshare(*s); });
+  mine = attempt([&] { reshare(*rt, *s); });
   all = s->outcomes(mine, "re-sharing");
   throw_if_failed(all, me, "re-sharing NCCL's buffers");
   g_state.paused = false;
@@ -830,20 +867,59 @@ tagmem_nccl_stats stats() {
   });
   st.host_located_bytes = counters().host_located_bytes.load();
   st.passthrough_bytes = counters().classic_bytes_now.load();
-  st.last_released_local_bytes = g_state.last_released[0];
-  st.last_released_exported_bytes = g_state.last_released[1];
-  st.last_released_imported_bytes = g_state.last_released[2];
-  st.last_released_bytes =
-      g_state.last_released[0] + g_state.last_released[1] + g_state.last_released[2];
-  st.last_released_allocations = g_state.last_released_allocations;
+  st.last_released_local_bytes = g_state.last_released.local_bytes;
+  st.last_released_exported_bytes = g_state.last_released.exported_bytes;
+  st.last_released_imported_bytes = g_state.last_released.imported_bytes;
+  st.last_released_bytes = g_state.last_released.bytes();
+  st.last_released_allocations = g_state.last_released.allocations;
   st.last_kept_bytes = g_state.last_kept_bytes;
   st.last_kept_allocations = g_state.last_kept_allocations;
   st.pause_count = g_state.pause_count;
   st.resume_count = g_state.resume_count;
   st.paused = g_state.paused ? 1 : 0;
-  if (host_store* store = existing_backup_store())
-    st.backup_store_used_bytes = store->stats().used_bytes;
+  st.backup_store_used_bytes = backup_bytes_out();
   return st;
+}
+
+bool holds_memory_on(int device) {
+  std::lock_guard lock(records().mutex());
+  bool found = false;
+  records().for_each([&](allocation& a) { found = found || device_of(a) == device; });
+  return found;
+}
+
+// Every record counts as one allocation in one mapping of its size; the counts "ever" are the
+// process's pauses and resumes, whichever devices they moved.
+tagmem_tag_stats tag_stats(int device) {
+  std::lock_guard lock(records().mutex());
+  tagmem_tag_stats t{};
+  t.state = g_state.paused ? TAGMEM_OFFLOADED_BACKUP : TAGMEM_RESIDENT;
+  records().for_each([&](allocation& a) {
+    if (device_of(a) != device) return;
+    t.allocated_bytes += a.size;
+    t.requested_bytes += a.size;
+    t.reserved_bytes += a.size;
+    t.virtual_bytes += a.size;
+    if (!a.released) t.mapped_bytes += a.size;
+    for (const host_extent& e : a.backup) t.host_bytes += e.size;
+    t.live_allocations++;
+    t.mappings++;
+  });
+  t.offload_count = g_state.pause_count;
+  t.reload_count = g_state.resume_count;
+  t.bytes_offloaded = g_state.bytes_backed_up;
+  t.bytes_reloaded = g_state.bytes_restored;
+  return t;
+}
+
+std::string keeps_runtime() {
+  if (std::size_t out = backup_bytes_out())
+    return "NCCL's paused memory has " + std::to_string(out) +
+           " bytes of backups in tagmem's host store; call tagmem_nccl_resume first";
+  if (late_wait_running())
+    return "copies of an NCCL pause or resume that timed out are still running; wait for them "
+           "to end (the next tagmem_nccl_pause or tagmem_nccl_resume waits for them)";
+  return {};
 }
 
 }  // namespace tagmem::nccl

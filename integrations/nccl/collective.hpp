@@ -5,6 +5,8 @@
 // the meantime wait for them.
 #pragma once
 
+#include <string>
+
 #include "group.hpp"
 #include "tagmem/tagmem_nccl.h"
 
@@ -13,5 +15,11 @@ namespace tagmem::nccl {
 void pause(const group_spec& spec);   // throws tagmem::error
 void resume(const group_spec& spec);  // throws tagmem::error
 tagmem_nccl_stats stats();
+
+// The `nccl` tag as tagmem's own calls see it (external_tag.hpp): whether NCCL holds memory on
+// `device`, its counts there, and why tagmem_shutdown must wait ("" when it need not).
+bool holds_memory_on(int device);
+tagmem_tag_stats tag_stats(int device);
+std::string keeps_runtime();
 
 }  // namespace tagmem::nccl

@@ -15,10 +15,9 @@
 #include <optional>
 #include <thread>
 
-#include "error.hpp"
-#include "options.hpp"
 #include "private_dir.hpp"
 #include "rendezvous_point.hpp"
+#include "runtime.hpp"
 
 namespace tagmem::nccl {
 namespace {

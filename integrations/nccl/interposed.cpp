@@ -14,11 +14,8 @@
 #include <mutex>
 #include <new>
 
-#include "device_access.hpp"
-#include "driver/driver.hpp"
-#include "error.hpp"
-#include "options.hpp"
 #include "records.hpp"
+#include "runtime.hpp"
 
 namespace tagmem::nccl {
 namespace {
@@ -52,7 +49,7 @@ CUmemAllocationProp properties_of(CUmemGenericAllocationHandle real, bool* ok) {
   auto fn = captured().cuMemGetAllocationPropertiesFromHandle.load();
   if (!fn) {
     try {
-      ensure_driver();
+      driver::load();
       fn = driver::api().cuMemGetAllocationPropertiesFromHandle;
     } catch (...) {
       fn = nullptr;
@@ -65,7 +62,7 @@ CUmemAllocationProp properties_of(CUmemGenericAllocationHandle real, bool* ok) {
 // The device of the calling thread's current context, or -1.
 int current_device() {
   try {
-    ensure_driver();
+    driver::load();
     CUdevice d = 0;
     if (driver::api().cuCtxGetDevice(&d, nullptr) == CUDA_SUCCESS) return static_cast<int>(d);
   } catch (const error&) {
@@ -134,7 +131,7 @@ CUresult mem_release(CUmemGenericAllocationHandle handle) {
     a->real_held = false;
   }
   a->app_refs--;
-  records().erase_if_unreachable(*a, existing_backup_store());
+  records().erase_if_unreachable(*a);
   return CUDA_SUCCESS;
 }
 
@@ -172,7 +169,7 @@ CUresult mem_unmap(CUdeviceptr va, size_t size) {
     meta_vector<CUdeviceptr> gone;
     for_mappings_in(*a, va, size, [&](mapping_record& m) { gone.push_back(m.va); });
     for (CUdeviceptr m : gone) records().remove_mapping(*a, m);
-    if (a->from != origin::classic) records().erase_if_unreachable(*a, existing_backup_store());
+    if (a->from != origin::classic) records().erase_if_unreachable(*a);
   }
   return CUDA_SUCCESS;
 }
@@ -211,7 +208,7 @@ CUresult mem_address_free(CUdeviceptr va, size_t size) {
     meta_vector<CUdeviceptr> gone;
     for_mappings_in(*a, va, size, [&](mapping_record& m) { gone.push_back(m.va); });
     for (CUdeviceptr m : gone) records().remove_mapping(*a, m);
-    records().erase_if_unreachable(*a, existing_backup_store());
+    records().erase_if_unreachable(*a);
   }
   return r;
 }
@@ -341,7 +338,7 @@ namespace {
 // allocation of the rounded size, mapped read-write for the current device.
 CUresult serve_classic(CUdeviceptr* dptr, size_t size) {
   try {
-    ensure_driver();
+    driver::load();
   } catch (const error&) {
     return CUDA_ERROR_NOT_INITIALIZED;
   }
@@ -387,7 +384,7 @@ CUresult serve_classic(CUdeviceptr* dptr, size_t size) {
       *dptr = va;
       return CUDA_SUCCESS;
     } catch (const std::bad_alloc&) {
-      if (allocation* a = records().by_address(va)) records().erase(*a, nullptr);
+      if (allocation* a = records().by_address(va)) records().erase(*a);
       api.cuMemUnmap(va, span);
       r = CUDA_ERROR_OUT_OF_MEMORY;
     }
@@ -438,7 +435,7 @@ CUresult mem_free(CUdeviceptr dptr) {
     if (a->real_held) api.cuMemRelease(a->real);
   }
   api.cuMemAddressFree(a->classic_base, a->classic_span);
-  records().erase(*a, existing_backup_store());
+  records().erase(*a);
   return CUDA_SUCCESS;
 }
 

@@ -11,8 +11,8 @@
 #include <string>
 #include <vector>
 
-#include "error.hpp"
 #include "process_identity.hpp"
+#include "runtime.hpp"
 #include "tagmem/tagmem.h"
 
 namespace tagmem::nccl {

@@ -1,13 +1,29 @@
 // nccl_c_api.cpp — the C ABI of tagmem_nccl.h over collective.cpp.
 //
-// Same boundary as tagmem's own C ABI: exceptions become a status and a message for
-// tagmem_last_error(), nothing aborts. These functions do not need tagmem's registry (NCCL's
-// memory is not in a tagmem arena); they load the driver only when there is work to do.
-#include "c_error.hpp"
+// The boundary of tagmem's own C ABI (c_boundary): exceptions become a status and a message for
+// tagmem_last_error(), nothing aborts. NCCL's memory is not in a tagmem arena, but it is the tag
+// TAGMEM_NCCL_TAG to tagmem's own calls: registered here, when the library is loaded.
 #include "collective.hpp"
-#include "error.hpp"
+#include "runtime.hpp"
 #include "step_log.hpp"
 #include "tagmem/tagmem_nccl.h"
+
+namespace {
+
+const tagmem::external_tag kNcclTag = {
+    TAGMEM_NCCL_TAG,
+    "tagmem_nccl_pause / tagmem_nccl_resume (NCCL's memory moves collectively, in every rank)",
+    tagmem::nccl::holds_memory_on,
+    tagmem::nccl::tag_stats,
+    tagmem::nccl::keeps_runtime,
+};
+
+[[maybe_unused]] const bool kRegistered = [] {
+  tagmem::register_external_tag(&kNcclTag);
+  return true;
+}();
+
+}  // namespace
 
 extern "C" {
 

@@ -10,8 +10,7 @@
 #include <cstdlib>
 #include <cstring>
 
-#include "error.hpp"
-#include "options.hpp"
+#include "runtime.hpp"
 
 namespace tagmem::nccl {
 namespace {

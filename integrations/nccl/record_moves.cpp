@@ -5,8 +5,7 @@
 #include <new>
 #include <string>
 
-#include "driver/driver.hpp"
-#include "error.hpp"
+#include "runtime.hpp"
 
 namespace tagmem::nccl {
 namespace {

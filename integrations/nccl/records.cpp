@@ -6,6 +6,8 @@
 #include <algorithm>
 #include <cerrno>
 
+#include "backup_extents.hpp"
+
 namespace tagmem::nccl {
 
 record_table& records() {
@@ -84,20 +86,20 @@ void record_table::remove_mapping(allocation& a, CUdeviceptr va) {
   if (it != by_va_.end() && it->second == &a) by_va_.erase(it);
 }
 
-void record_table::erase(allocation& a, host_store* store) noexcept {
+void record_table::erase(allocation& a) noexcept {
   for (const mapping_record& m : a.mappings) {
     auto it = by_va_.find(m.va);
     if (it != by_va_.end() && it->second == &a) by_va_.erase(it);
   }
   for (const export_record& e : a.exports) close_quietly(e.fd);
   close_quietly(a.import_fd);
-  if (store && !a.backup.empty()) store->release(a.backup);
+  return_backup(a.backup);
   by_id_.erase(a.id);
 }
 
-bool record_table::erase_if_unreachable(allocation& a, host_store* store) noexcept {
+bool record_table::erase_if_unreachable(allocation& a) noexcept {
   if (a.app_refs > 0 || !a.mappings.empty()) return false;
-  erase(a, store);
+  erase(a);
   return true;
 }
 

@@ -26,9 +26,8 @@
 #include <memory>
 #include <mutex>
 
-#include "host_store.hpp"
-#include "metadata_heap.hpp"
 #include "process_identity.hpp"
+#include "runtime.hpp"
 
 namespace tagmem::nccl {
 
@@ -102,11 +101,10 @@ class record_table {
 
   void add_mapping(allocation& a, CUdeviceptr va, std::size_t size, std::size_t offset);
   void remove_mapping(allocation& a, CUdeviceptr va);
-  // Forgets a record: closes its fds and gives its backup back to `store` (may be null when it
-  // has none).
-  void erase(allocation& a, host_store* store) noexcept;
+  // Forgets a record: closes its fds and gives its backup back (backup_extents.hpp).
+  void erase(allocation& a) noexcept;
   // Erases the record if the application can no longer reach it (no reference, no mapping).
-  bool erase_if_unreachable(allocation& a, host_store* store) noexcept;
+  bool erase_if_unreachable(allocation& a) noexcept;
 
   template <class F>
   void for_each(F&& f) {

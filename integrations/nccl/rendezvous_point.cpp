@@ -13,8 +13,8 @@
 #include <cstdio>
 #include <cstring>
 
-#include "error.hpp"
 #include "private_dir.hpp"
+#include "runtime.hpp"
 
 namespace tagmem::nccl {
 namespace {

@@ -4,8 +4,7 @@
 #include <string>
 
 #include "collective.hpp"
-#include "observe/log.hpp"
-#include "observe/trace.hpp"
+#include "runtime.hpp"
 
 namespace tagmem::nccl {
 

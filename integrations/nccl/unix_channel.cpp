@@ -10,7 +10,7 @@
 #include <cerrno>
 #include <cstring>
 
-#include "error.hpp"
+#include "runtime.hpp"
 
 namespace tagmem::nccl {
 namespace {

@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "error.hpp"
+#include "runtime.hpp"
 
 namespace tagmem::nccl {
 

@@ -36,11 +36,10 @@
 #include <atomic>
 #include <cstdio>
 
-#include "device_wait.hpp"
 #include "real_symbols.hpp"
 #include "reentry_guard.hpp"
+#include "runtime.hpp"
 #include "shim_config.hpp"
-#include "tag_scope.hpp"
 #include "tagmem/tagmem.h"
 #include "tagmem/tagmem_preload.h"
 #include "thread_routing.hpp"
@@ -115,9 +114,10 @@ cudaError_t wait_error(CUresult r) {
 
 // Note [cudaFree waits]: the owner's device, and the runtime's current one if another.
 CUresult wait_like_cuda_free(int owner, const void* caller) {
-  if (CUresult r = wait_for_device(owner); r != CUDA_SUCCESS) return r;
+  if (CUresult r = runtime::synchronize_device(owner); r != CUDA_SUCCESS) return r;
   int current = runtime_device(caller);
-  if (current != TAGMEM_CURRENT_DEVICE && current != owner) return wait_for_device(current);
+  if (current != TAGMEM_CURRENT_DEVICE && current != owner)
+    return runtime::synchronize_device(current);
   return CUDA_SUCCESS;
 }
 

@@ -9,8 +9,8 @@
 #include <cstring>
 #include <mutex>
 
-#include "options.hpp"
 #include "real_symbols.hpp"
+#include "runtime.hpp"
 
 namespace tagmem::preload {
 namespace {

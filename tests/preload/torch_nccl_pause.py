@@ -151,6 +151,13 @@ def main():
             t1 = time.perf_counter()
             free_paused = torch.cuda.mem_get_info(dev)[0]
             paused_stats = shim.nccl_stats()
+            if c == 0:  # the `nccl` tag as tagmem's own calls see it (tagmem_tag_stats_get)
+                tag = shim.tag_stats("nccl", local)
+                metrics["nccl_tag_paused"] = tag
+                if tag["state"] != 1 or tag["host_bytes"] != paused_stats["backup_bytes"]:
+                    failures.append(f"tag 'nccl' while paused: state {tag['state']} (1 wanted), "
+                                    f"host_bytes {tag['host_bytes']} (backup_bytes "
+                                    f"{paused_stats['backup_bytes']} wanted)")
             t2 = time.perf_counter()
             shim.nccl_resume(group, local, local_world, args.timeout_ms)
             t3 = time.perf_counter()

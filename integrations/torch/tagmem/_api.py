@@ -251,7 +251,8 @@ def stats(name=None, device=None):
 
     With `name`: that tag's tagmem_tag_stats, ``state`` given as its name ("resident", ...).
     Without: the device's tagmem_device_stats, plus ``"metadata_heap"`` (tagmem_metadata_heap():
-    "mimalloc" or "system") and ``"by_tag"``: {tag name: tag stats dict}.
+    "mimalloc" or "system") and ``"by_tag"``: {tag name: tag stats dict}. Under the LD_PRELOAD
+    shim ``"by_tag"`` includes ``"nccl"``, NCCL's memory, which only tagmem_nccl_pause/resume move.
     """
     if name is not None:
         out = _as_dict(_tag_stats(name, device))
