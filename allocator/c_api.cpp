@@ -247,6 +247,19 @@ tagmem_status tagmem_wait_released(int device) {
   return guarded([&](registry& r) { r.wait_released(r.resolve_device(device)); });
 }
 
+tagmem_status tagmem_tag_plan_offload(const char* tag, int device, tagmem_offload_mode mode) {
+  return guarded([&](registry& r) {
+    r.plan_offload(tag, r.resolve_device(device), checked_mode(mode));  // Note [enums from C]
+  });
+}
+
+tagmem_status tagmem_release_physical(int device) {
+  return guarded([&](registry& r) {
+    tagmem::device& d = r.dev(r.resolve_device(device));
+    d.recycler().release_all(d.releases());
+  });
+}
+
 tagmem_status tagmem_host_reserve(size_t bytes, int wait) {
   return guarded([&](registry& r) { r.store().reserve(bytes, wait != 0); });
 }
@@ -289,7 +302,7 @@ tagmem_status tagmem_device_stats_get(int device, tagmem_device_stats* out) {
       s.tags++;
     }
     r.dev(d).memory_info(&s.device_free_bytes, &s.device_total_bytes);
-    s.release_pending_bytes = r.dev(d).releases().pending_bytes();
+    s.release_pending_bytes = r.dev(d).releases().pending_bytes() + r.dev(d).recycler().bytes();
     host_store_stats hs = r.store().stats();
     s.host_pinned_bytes = hs.pinned_bytes;
     s.host_pinned_high_water = hs.high_water;

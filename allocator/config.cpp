@@ -69,6 +69,8 @@ config make_config(const tagmem_config* user) {
                                                     : metadata_allocator::system;
   c.background_release = option_choice(option::DISCARD_RELEASE) == 0;
   c.swap_background_release = option_choice(option::SWAP_RELEASE) == 0;
+  c.recycle = static_cast<recycling>(option_choice(option::RECYCLE_PHYSICAL));
+  c.pin_ahead = option_choice(option::PIN_AHEAD) == 0;
   check_field(chunk, option::CHUNK_BYTES, c.chunk_bytes);
   check_field(arena, option::ARENA_BYTES, c.arena_bytes);
   TAGMEM_EXPECTS(c.arena_bytes >= c.chunk_bytes, TAGMEM_ERROR_INVALID_ARGUMENT,

@@ -12,6 +12,8 @@
 namespace tagmem {
 
 enum class metadata_allocator { mimalloc, system };
+// TAGMEM_RECYCLE_PHYSICAL (Note [physical recycling] in physical_recycler.hpp).
+enum class recycling { swap, keep, off };
 
 struct config {
   // Each field is the setting of the same name in options.def; make_config fills them in.
@@ -26,6 +28,8 @@ struct config {
   int copy_streams = 0;                   // per direction, per device
   bool background_release = false;        // Note [background release]
   bool swap_background_release = false;
+  recycling recycle = recycling::swap;
+  bool pin_ahead = true;  // Note [pin ahead] in background_pinning.hpp
   metadata_allocator metadata = metadata_allocator::mimalloc;
 };
 

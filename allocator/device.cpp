@@ -61,6 +61,7 @@ device::device(int ordinal, const config& cfg) : ordinal_(ordinal) {
 }
 
 device::~device() {
+  recycler_.release_all(releases_);
   releases_.drain();  // while the context is still retained
   const auto& api = driver::api();
   CUcontext previous = nullptr;

@@ -1,5 +1,6 @@
 // device.hpp — what tagmem keeps per CUDA device: its primary context, allocation properties,
-// dedicated copy streams, a pool of events and the queue of memory being released.
+// dedicated copy streams, a pool of events, the queue of memory being released and the memory
+// kept for recycling.
 //
 // tagmem works in each device's primary context (the one the CUDA runtime and PyTorch use), so
 // its streams and copies interoperate with the application's. context_guard makes that context
@@ -13,6 +14,7 @@
 
 #include "config.hpp"
 #include "metadata_heap.hpp"
+#include "physical_recycler.hpp"
 #include "release_queue.hpp"
 
 namespace tagmem {
@@ -54,6 +56,8 @@ class device {
   // Physical memory unmapped by DISCARD offloads and swaps, being released (Note [background
   // release]).
   release_queue& releases() noexcept { return releases_; }
+  // Unmapped physical memory kept to be mapped again (Note [physical recycling]).
+  physical_recycler& recycler() noexcept { return recycler_; }
 
  private:
   template <class Use>
@@ -70,6 +74,7 @@ class device {
   std::mutex events_mutex_;
   meta_vector<CUevent> free_events_;
   release_queue releases_;
+  physical_recycler recycler_;
 };
 
 // Makes a context current on this thread for the guard's lifetime.

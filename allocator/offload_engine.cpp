@@ -19,6 +19,9 @@
 // cannot be undone by not unmapping; the out-tags are then reloaded from their backups, which
 // hold every byte already unmapped, so that "a failed copy leaves every tag resident" still
 // holds wherever the driver still works, and nothing is lost where it does not.
+// In a swap the out-side's handles are not released: they go to the device's recycler and the
+// in-runs map them (Note [physical recycling] in physical_recycler.hpp); what the in-side does
+// not take goes to the release queue when the swap ends, unless TAGMEM_RECYCLE_PHYSICAL=keep.
 //
 // Note [reload coalescing]: an offloaded tag's mappings come back as runs of adjacent mappings,
 // each one cuMemCreate/cuMemMap/cuMemSetAccess of up to max_mapping_bytes, since map/unmap cost is
@@ -56,6 +59,8 @@ class pipeline {
 
  private:
   bool out_left() const noexcept { return out_at_ < outs_.size(); }
+  bool recycle() const noexcept { return cfg_.recycle != recycling::off; }
+  unmapped_memory choose_out_memory(std::size_t in_count) const noexcept;
   bool in_open() const noexcept { return !in_error_ && in_at_ < ins_.size(); }
 
   // What unmap_next does while the next out-mapping's copies are still running.
@@ -81,9 +86,10 @@ class pipeline {
   meta_vector<incoming> ins_;
   std::size_t out_at_ = 0;  // outs_[0, out_at_) are committed
   std::size_t in_at_ = 0;   // ins_[0, in_at_) are fully mapped, their copies queued
-  std::size_t budget_ = 0;  // device bytes an in-run may still take (only while outs remain)
+  std::size_t budget_ = 0;  // free device bytes an in-run may still create (while outs remain)
   std::exception_ptr in_error_;
   copy_queue copies_;
+  unmapped_memory out_memory_ = unmapped_memory::release;  // what the out-side's unmaps do
 };
 
 // ---- out side -----------------------------------------------------------------------------
@@ -118,14 +124,10 @@ bool pipeline::unmap_next(pending_copies pending) {
     }
   }
   if (!o.started) start(o);
-  // Note [unmap as copied]; a DISCARD offload leaves the release to the device's release queue
-  // (Note [background release]), and so does a swap unless TAGMEM_SWAP_RELEASE=inline.
-  const bool later = mode_ == TAGMEM_DISCARD ? cfg_.background_release
-                                             : !ins_.empty() && cfg_.swap_background_release;
   trace::span span("unmap", o.t->name(), m.size, trace::effect::mapped_down);
-  o.t->arena().unmap(m.va, later ? release_timing::background : release_timing::now);
+  o.t->arena().unmap(m.va, out_memory_);  // Note [unmap as copied]
   ++o.next_map;
-  budget_ += m.size;
+  if (out_memory_ != unmapped_memory::recycle) budget_ += m.size;  // else it is in the recycler
   return true;
 }
 
@@ -179,6 +181,18 @@ void pipeline::restore_outs() noexcept {
   }
 }
 
+// Where the out-side's memory goes: to this pipeline's own in-side or a later one (Note [physical
+// recycling]), else to the release queue for a DISCARD offload (Note [background release]) and a
+// swap unless TAGMEM_SWAP_RELEASE=inline, else released on the spot.
+unmapped_memory pipeline::choose_out_memory(std::size_t in_count) const noexcept {
+  if (cfg_.recycle == recycling::keep || (in_count != 0 && recycle())) {
+    return unmapped_memory::recycle;
+  }
+  const bool later = mode_ == TAGMEM_DISCARD ? cfg_.background_release
+                                             : in_count != 0 && cfg_.swap_background_release;
+  return later ? unmapped_memory::release_in_background : unmapped_memory::release;
+}
+
 // ---- in side ------------------------------------------------------------------------------
 
 // Maps the next in-run (or finishes the current in-tag). Returns whether it made progress;
@@ -197,10 +211,15 @@ bool pipeline::map_next() {
     return true;
   }
   in_run& r = in.runs[in.mapped];
-  if (out_left() && r.size > budget_) return false;
+  // While out-mappings remain, a run maps when the memory they gave up covers it (Note [physical
+  // recycling]) or the driver's free memory does; otherwise it waits for more of them.
+  const bool recycled =
+      out_memory_ == unmapped_memory::recycle && dev_.recycler().bytes() >= r.size;
+  if (out_left() && !recycled && r.size > budget_) return false;
+  const std::size_t kept_before = dev_.recycler().bytes();
   try {
     trace::span span("map", in.t->name(), r.size, trace::effect::mapped_up);
-    r.handle = map_physical(dev_, r.va, r.size);
+    r.parts = map_parts(dev_, r.va, r.size, recycle());
   } catch (const error& e) {
     if (e.code() == TAGMEM_ERROR_OUT_OF_MEMORY && out_left()) {
       budget_ = 0;  // wait for the next unmap
@@ -213,7 +232,9 @@ bool pipeline::map_next() {
     return false;
   }
   ++in.mapped;
-  budget_ -= std::min(budget_, r.size);
+  const std::size_t kept_after = dev_.recycler().bytes();
+  const std::size_t taken = kept_before > kept_after ? kept_before - kept_after : 0;
+  budget_ -= std::min(budget_, r.size - std::min(r.size, taken));  // what was created
   try {
     queue_in_copies(in, r.va + r.size);
   } catch (...) {
@@ -256,7 +277,7 @@ void pipeline::finish_ins() {
 
 void pipeline::commit(incoming& in) {
   tag& t = *in.t;
-  for (const in_run& r : in.runs) t.arena().adopt(r.va, r.size, r.handle);
+  for (in_run& r : in.runs) t.arena().adopt(r.va, r.size, std::move(r.parts));
   finish_reload_backup(t, store_);
   t.set_resident();
   t.counters().reload_count++;
@@ -267,7 +288,8 @@ void pipeline::commit(incoming& in) {
 // must have finished (or failed) first.
 void pipeline::undo(incoming& in) noexcept {
   for (std::size_t i = 0; i < in.mapped; ++i) {
-    unmap_physical(dev_, in.runs[i].va, in.runs[i].size, in.runs[i].handle);
+    unmap_parts(dev_, in.runs[i].va, in.runs[i].size, in.runs[i].parts, recycle());
+    in.runs[i].parts.clear();
   }
   in.mapped = 0;
   in.next_piece = 0;
@@ -278,6 +300,7 @@ void pipeline::undo(incoming& in) noexcept {
 
 void pipeline::run(tag* const* outs, std::size_t out_count, tag* const* ins, std::size_t in_count) {
   context_guard guard(dev_.context());
+  out_memory_ = choose_out_memory(in_count);
   ins_.reserve(in_count);
   for (std::size_t i = 0; i < in_count; ++i) {
     trace::span span("plan", ins[i]->name());
@@ -332,6 +355,20 @@ void pipeline::run(tag* const* outs, std::size_t out_count, tag* const* ins, std
 
 }  // namespace
 
+namespace {
+
+// Memory recycled but not taken goes back to the driver unless the caller keeps it (Note
+// [physical recycling]): through the release queue, held until the unmaps are done, or here with
+// TAGMEM_SWAP_RELEASE=inline. Returns the first failure of a release made here.
+CUresult return_unused(device& dev, const config& cfg) noexcept {
+  if (cfg.recycle == recycling::keep) return CUDA_SUCCESS;
+  if (!cfg.swap_background_release) return dev.recycler().release_now(static_cast<std::size_t>(-1));
+  dev.recycler().release_all(dev.releases());
+  return CUDA_SUCCESS;
+}
+
+}  // namespace
+
 void move_tags(device& dev, tag* const* outs, std::size_t out_count, tagmem_offload_mode mode,
                tag* const* ins, std::size_t in_count, host_store& store, const config& cfg) {
   // Releases wait until this pipeline's unmaps are done (Note [background release]).
@@ -343,7 +380,15 @@ void move_tags(device& dev, tag* const* outs, std::size_t out_count, tagmem_offl
   phase_report report(dev, outs, out_count, mode, ins, in_count, store);
   try {
     pipeline p(dev, mode, store, cfg);
-    p.run(outs, out_count, ins, in_count);
+    try {
+      p.run(outs, out_count, ins, in_count);
+    } catch (...) {
+      return_unused(dev, cfg);
+      throw;
+    }
+    // TAGMEM_SWAP_RELEASE=inline reports a release that fails, as an unmap that released on the
+    // spot would; the handle stays kept and the next release tries it again.
+    driver::check(return_unused(dev, cfg), "cuMemRelease");
   } catch (const std::exception& e) {
     report.failed(e);
     throw;

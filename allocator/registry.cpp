@@ -33,10 +33,12 @@ registry::registry(const config& cfg) : cfg_(cfg) {
   TAGMEM_EXPECTS(device_count_ > 0, TAGMEM_ERROR_DRIVER,
                  "the CUDA driver '" + driver::library_path() + "' reports no device");
   for (int i = 0; i < device_count_; ++i) slots_.push_back(std::make_unique<device_slot>());
+  if (cfg_.pin_ahead) pinner_ = std::make_unique<background_pinning>(*this);
 }
 
 registry::~registry() {
-  store_.reset();  // host memory first: it is registered with device 0's context
+  pinner_.reset();  // it walks the tags and pins into the store
+  store_.reset();   // host memory first: it is registered with device 0's context
   for (auto& s : slots_) {
     for (auto& [name, t] : s->tags) delete t;
     s->tags.clear();
@@ -270,8 +272,21 @@ std::size_t registry::empty_cache(int ordinal) {
   return released;
 }
 
+void registry::plan_offload(const char* name, int ordinal, tagmem_offload_mode mode) {
+  TAGMEM_EXPECTS(mode == TAGMEM_BACKUP || mode == TAGMEM_DISCARD, TAGMEM_ERROR_INVALID_ARGUMENT,
+                 "offload mode must be TAGMEM_BACKUP or TAGMEM_DISCARD");
+  tag& t = get_or_create(ordinal, name);
+  {
+    std::lock_guard lock(t.mutex());
+    t.set_pins_ahead(mode == TAGMEM_BACKUP);
+  }
+  if (mode == TAGMEM_BACKUP && pinner_) pinner_->wake();  // what it holds already
+}
+
 void registry::wait_released(int ordinal) {
-  driver::check(dev(ordinal).releases().drain(), "cuMemRelease");
+  device& d = dev(ordinal);
+  d.recycler().release_all(d.releases());  // Note [physical recycling]
+  driver::check(d.releases().drain(), "cuMemRelease");
 }
 
 }  // namespace tagmem

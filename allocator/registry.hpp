@@ -12,6 +12,7 @@
 #include <memory>
 #include <shared_mutex>
 
+#include "background_pinning.hpp"
 #include "config.hpp"
 #include "device.hpp"
 #include "host_store.hpp"
@@ -27,6 +28,7 @@ class registry {
   const config& settings() const noexcept { return cfg_; }
   host_store& store();                    // created on first use
   host_store* existing_store() noexcept;  // nullptr before that
+  int device_count() const noexcept { return device_count_; }
 
   // Resolves TAGMEM_CURRENT_DEVICE and checks the ordinal.
   int resolve_device(int ordinal);
@@ -47,6 +49,8 @@ class registry {
             std::size_t in_count, int ordinal, tagmem_offload_mode mode);
   std::size_t empty_cache(int ordinal);
   void wait_released(int ordinal);  // Note [background release]; throws DRIVER
+  // Records how the tag will be offloaded (creating it): BACKUP pins ahead (Note [pin ahead]).
+  void plan_offload(const char* name, int ordinal, tagmem_offload_mode mode);
 
  private:
   struct device_slot {
@@ -65,6 +69,7 @@ class registry {
   std::mutex devices_mutex_;  // creating the store
   meta_vector<std::unique_ptr<device_slot>> slots_;
   std::unique_ptr<host_store> store_;
+  std::unique_ptr<background_pinning> pinner_;  // null with TAGMEM_PIN_AHEAD=off
 };
 
 // Checks a tag name (non-empty, at most TAGMEM_MAX_TAG_NAME bytes, printable, no spaces).

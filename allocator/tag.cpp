@@ -45,7 +45,8 @@ tagmem_tag_stats tag::stats() const {
   s.live_allocations = t.live_allocations;
   s.mapped_bytes = arena_.mapped_bytes();
   s.virtual_bytes = arena_.virtual_bytes();
-  s.mappings = arena_.mappings().size();
+  // Physical allocations: a resident record may hold several (Note [physical recycling]).
+  for (const auto& [va, m] : arena_.mappings()) s.mappings += m.resident ? m.parts.size() : 1;
   s.host_bytes = host_bytes();
   s.alloc_count = counters_.alloc_count;
   s.free_count = counters_.free_count;

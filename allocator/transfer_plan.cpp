@@ -71,7 +71,7 @@ void plan_incoming(incoming& in, std::size_t max_mapping_bytes) {
         in.runs.back().size + m.size <= max_mapping_bytes) {
       in.runs.back().size += m.size;  // Note [reload coalescing]
     } else {
-      in.runs.push_back({va, m.size, 0});
+      in.runs.push_back({va, m.size, {}});
     }
   }
 }

@@ -46,7 +46,7 @@ struct outgoing {
 struct in_run {
   CUdeviceptr va = 0;
   std::size_t size = 0;
-  CUmemGenericAllocationHandle handle = 0;  // while mapped
+  meta_vector<physical_part> parts;  // while mapped
 };
 
 // One tag coming in.

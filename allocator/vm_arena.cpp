@@ -12,43 +12,12 @@
 #include "vm_arena.hpp"
 
 #include "address_index.hpp"
+#include "background_pinning.hpp"
 #include "byte_math.hpp"
 #include "driver/driver.hpp"
+#include "tag.hpp"
 
 namespace tagmem {
-
-CUmemGenericAllocationHandle map_physical(device& dev, CUdeviceptr va, std::size_t bytes) {
-  const auto& api = driver::api();
-  CUmemGenericAllocationHandle handle = 0;
-  CUresult r = api.cuMemCreate(&handle, bytes, &dev.allocation_prop(), 0);
-  if (r == CUDA_ERROR_OUT_OF_MEMORY && dev.releases().pending_bytes() != 0) {
-    dev.releases().drain();  // Note [background release]
-    r = api.cuMemCreate(&handle, bytes, &dev.allocation_prop(), 0);
-  }
-  driver::check(r, "cuMemCreate");
-  r = api.cuMemMap(va, bytes, 0, handle, 0);
-  if (r != CUDA_SUCCESS) {
-    api.cuMemRelease(handle);
-    driver::throw_error(r, "cuMemMap");
-  }
-  r = api.cuMemSetAccess(va, bytes, &dev.access_desc(), 1);
-  if (r != CUDA_SUCCESS) {
-    api.cuMemUnmap(va, bytes);
-    api.cuMemRelease(handle);
-    driver::throw_error(r, "cuMemSetAccess");
-  }
-  return handle;
-}
-
-void unmap_physical(device& dev, CUdeviceptr va, std::size_t bytes,
-                    CUmemGenericAllocationHandle handle) noexcept {
-  driver::api().cuMemUnmap(va, bytes);
-  if (driver::api().cuMemRelease(handle) == CUDA_SUCCESS) return;
-  try {
-    dev.releases().push(handle, bytes);  // tried again in the background and by every drain
-  } catch (...) {  // no memory even for that record: the handle leaks, nothing else is lost
-  }
-}
 
 vm_arena::vm_arena(device& dev, const config& cfg, tag* owner)
     : dev_(dev), cfg_(cfg), owner_(owner) {}
@@ -65,7 +34,7 @@ vm_arena::~vm_arena() {
   for (auto& [va, m] : mappings_) {
     if (!m.resident) continue;
     api.cuMemUnmap(va, m.size);
-    api.cuMemRelease(m.handle);
+    for (const physical_part& p : m.parts) api.cuMemRelease(p.handle);
   }
   for (const reservation& r : reservations_) {
     global_address_index().remove(r.base);
@@ -128,50 +97,56 @@ void vm_arena::free_va(CUdeviceptr va, std::size_t bytes) {
   free_va_.emplace(va, bytes);
 }
 
-void vm_arena::map_new(CUdeviceptr va, std::size_t bytes) {
-  auto [it, inserted] = mappings_.emplace(va, mapping{bytes, 0, false});
+void vm_arena::map_new(CUdeviceptr va, std::size_t bytes, bool recycle) {
+  auto [it, inserted] = mappings_.emplace(va, mapping{bytes, {}, false});
   TAGMEM_ASSERT(inserted);
   release_unreleased();
   try {
     context_guard guard(dev_.context());
-    it->second.handle = map_physical(dev_, va, bytes);
+    it->second.parts = map_parts(dev_, va, bytes, recycle);
   } catch (...) {
     mappings_.erase(it);
     throw;
   }
   it->second.resident = true;
   mapped_bytes_ += bytes;
+  if (owner_ && owner_->pins_ahead()) note_backup_growth();  // Note [pin ahead]
 }
 
-void vm_arena::unmap(CUdeviceptr va, release_timing when) {
+void vm_arena::unmap(CUdeviceptr va, unmapped_memory then) {
   auto it = mappings_.find(va);
   TAGMEM_ASSERT(it != mappings_.end() && it->second.resident);
   mapping& m = it->second;
   release_unreleased();
-  unreleased_.reserve(unreleased_.size() + 1);  // so that keeping the handle below cannot fail
+  // Room so that keeping the handles below cannot fail.
+  unreleased_.reserve(unreleased_.size() + m.parts.size());
   context_guard guard(dev_.context());
   CUresult r = driver::api().cuMemUnmap(va, m.size);
   if (r != CUDA_SUCCESS) driver::throw_error(r, "cuMemUnmap");  // still mapped and resident
   m.resident = false;
   mapped_bytes_ -= m.size;
-  CUmemGenericAllocationHandle h = m.handle;
-  m.handle = 0;
-  if (when == release_timing::background) {
-    try {
-      dev_.releases().push(h, m.size);
-      return;
-    } catch (...) {  // the thread cannot take it: release it here
+  meta_vector<physical_part> parts;
+  parts.swap(m.parts);
+  CUresult first = CUDA_SUCCESS;
+  for (const physical_part& p : parts) {
+    if (then == unmapped_memory::recycle && dev_.recycler().put(p)) continue;
+    if (then == unmapped_memory::release_in_background) {
+      try {
+        dev_.releases().push(p.handle, p.size);
+        continue;
+      } catch (...) {  // the thread cannot take it: release it here
+      }
     }
-  }
-  r = driver::api().cuMemRelease(h);
-  if (r != CUDA_SUCCESS) {
+    r = driver::api().cuMemRelease(p.handle);
+    if (r == CUDA_SUCCESS) continue;
+    if (first == CUDA_SUCCESS) first = r;
     try {
-      dev_.releases().push(h, m.size);  // Note [release later]
+      dev_.releases().push(p.handle, p.size);  // Note [release later]
     } catch (...) {
-      unreleased_.push_back(h);  // room reserved above
+      unreleased_.push_back(p.handle);  // room reserved above
     }
-    driver::throw_error(r, "cuMemRelease");
   }
+  if (first != CUDA_SUCCESS) driver::throw_error(first, "cuMemRelease");
 }
 
 void vm_arena::forget(CUdeviceptr va) {
@@ -180,12 +155,12 @@ void vm_arena::forget(CUdeviceptr va) {
   mappings_.erase(it);
 }
 
-void vm_arena::adopt(CUdeviceptr va, std::size_t bytes, CUmemGenericAllocationHandle handle) {
+void vm_arena::adopt(CUdeviceptr va, std::size_t bytes, meta_vector<physical_part> parts) {
   auto first = mappings_.lower_bound(va);
   auto last = mappings_.lower_bound(va + bytes);
   for (auto it = first; it != last; ++it) TAGMEM_ASSERT(!it->second.resident);
   mappings_.erase(first, last);
-  mappings_.emplace(va, mapping{bytes, handle, true});
+  mappings_.emplace(va, mapping{bytes, std::move(parts), true});
   mapped_bytes_ += bytes;
 }
 

@@ -4,9 +4,11 @@
 // The arena reserves large virtual ranges (config::arena_bytes each, more when full) and hands
 // out granularity-aligned pieces first-fit by address, so segments allocated one after another
 // sit next to each other and an offloaded tag reloads as a few large contiguous runs
-// (Note [reload coalescing] in offload_engine.cpp). Physical memory is tracked as mappings: one
-// cuMemCreate'd handle mapped at one address. A mapping is resident (mapped, with access) or
-// not (unmapped and released by an offload; its record stays so reload knows what to restore).
+// (Note [reload coalescing] in offload_engine.cpp). Physical memory is tracked as mappings: a
+// range of addresses backed by one cuMemCreate'd handle, or by several side by side when kept
+// handles were recycled into it (Note [physical recycling] in physical_recycler.hpp). A mapping
+// is resident (mapped, with access) or not (unmapped by an offload; its record stays so reload
+// knows what to restore).
 #pragma once
 
 #include <cuda.h>
@@ -15,21 +17,23 @@
 
 #include "device.hpp"
 #include "metadata_heap.hpp"
+#include "physical_recycler.hpp"
 
 namespace tagmem {
 
 class tag;
 
-// When unmap() gives a mapping's physical memory back to the driver.
-enum class release_timing {
-  now,         // cuMemRelease in the caller
-  background,  // left to the device's release queue (Note [background release])
-};
-
 struct mapping {
   std::size_t size = 0;
-  CUmemGenericAllocationHandle handle = 0;  // valid while resident
+  meta_vector<physical_part> parts;  // in address order, adding up to size; while resident
   bool resident = false;
+};
+
+// What an unmap does with the physical memory it takes away.
+enum class unmapped_memory {
+  release,                // cuMemRelease before returning
+  release_in_background,  // the device's release queue (Note [background release])
+  recycle,                // the device's recycler (Note [physical recycling])
 };
 
 class vm_arena {
@@ -43,14 +47,14 @@ class vm_arena {
   CUdeviceptr allocate_va(std::size_t bytes);
   void free_va(CUdeviceptr va, std::size_t bytes);
 
-  // Creates physical memory of `bytes`, maps it at `va` and grants access; on failure nothing
-  // stays created or mapped. Records a resident mapping.
-  void map_new(CUdeviceptr va, std::size_t bytes);
-  // Unmaps and releases the resident mapping at `va`; the record stays, not resident. Throws
-  // with nothing changed if cuMemUnmap fails. If only cuMemRelease fails, the mapping is gone
-  // (not resident) and the error is thrown; see Note [release later]. `when` says who releases
-  // the memory (release_timing).
-  void unmap(CUdeviceptr va, release_timing when = release_timing::now);
+  // Backs `bytes` at `va` with physical memory (kept handles first when `recycle`, Note
+  // [physical recycling]) and grants access; on failure nothing stays created or mapped. Records
+  // a resident mapping.
+  void map_new(CUdeviceptr va, std::size_t bytes, bool recycle = false);
+  // Unmaps the resident mapping at `va` and disposes of its memory as `then` says; the record
+  // stays, not resident. Throws with nothing changed if cuMemUnmap fails. If only cuMemRelease
+  // fails, the mapping is gone (not resident) and the error is thrown; see Note [release later].
+  void unmap(CUdeviceptr va, unmapped_memory then = unmapped_memory::release);
   // Releases handles whose cuMemRelease failed earlier and that the release queue could not take
   // (Note [release later]); keeps those that fail again.
   void release_unreleased() noexcept;
@@ -58,8 +62,8 @@ class vm_arena {
   // Forgets a mapping record (it must not be resident).
   void forget(CUdeviceptr va);
   // Replaces the non-resident records inside [va, va + bytes) with one resident mapping of
-  // `handle`, which the caller mapped there (reload coalescing).
-  void adopt(CUdeviceptr va, std::size_t bytes, CUmemGenericAllocationHandle handle);
+  // `parts`, which the caller mapped there (reload coalescing).
+  void adopt(CUdeviceptr va, std::size_t bytes, meta_vector<physical_part> parts);
 
   meta_map<CUdeviceptr, mapping>& mappings() noexcept { return mappings_; }
   const meta_map<CUdeviceptr, mapping>& mappings() const noexcept { return mappings_; }
@@ -82,16 +86,5 @@ class vm_arena {
   std::size_t mapped_bytes_ = 0;
   std::size_t virtual_bytes_ = 0;
 };
-
-// The driver steps behind map_new()/unmap(), usable on their own by the offload engine.
-// map_physical creates, maps and grants access (rolling back on failure) and returns the handle;
-// when cuMemCreate runs out of memory while releases are pending it waits for them and tries
-// again (Note [background release]).
-CUmemGenericAllocationHandle map_physical(device& dev, CUdeviceptr va, std::size_t bytes);
-// Unmaps and releases, never throwing: a handle whose release fails goes to the device's release
-// queue to be tried again; if the unmap fails the handle is released anyway (the driver frees the
-// memory once nothing maps it) and the range stays mapped, so a later map there fails cleanly.
-void unmap_physical(device& dev, CUdeviceptr va, std::size_t bytes,
-                    CUmemGenericAllocationHandle handle) noexcept;
 
 }  // namespace tagmem

@@ -1,11 +1,15 @@
 // offload_bench.cpp — the scenario runner: raw link, weights (with and without
-// pre-pinning), many small, kv cache, swap (roomy and memory-tight). Prints a progress log, then
-// one results table; exits 1 if any byte failed verification or any call failed.
+// pre-pinning), many small, kv cache, swap (roomy and memory-tight), the RL cycle in one process
+// and in two. Prints a progress log, then one results table; exits 1 if any byte failed
+// verification or any call failed.
 //
-//   tagmem_bench_offload [--scenarios=raw,weights,weights_prepinned,many_small,kv,swap,swap_tight]
+//   tagmem_bench_offload [--scenarios=raw,weights,weights_prepinned,many_small,kv,swap,swap_tight,
+//                                     rl_cycle,rl_two_process]
 //                        [--scale=1] [--cycles=5] [--swap-cycles=3] [--small-count=10240]
 //                        [--kv-bytes=60G] [--link-bytes=4G] [--tsv=results.tsv]
 //                        [--link=H2D,D2H,BIDIR]
+//                        [--rl-variants=default,no_pin_ahead,keep,settle,no_kv]
+//                        [--rl-discard-sweep=1G,2G,4G,8G]
 //
 // --scale multiplies every default size (16.06 GB of weights, 60 GiB of kv cache, 4 GiB for the
 // raw link) so the same binary runs on the emulator (e.g. --scale=0.01). tagmem's own knobs
@@ -43,12 +47,18 @@ void echo_environment() {
   }
 }
 
+// The pattern's size: random bytes, a size that is no power of two (dataset.hpp).
+std::size_t pattern_size(const options& opt) {
+  return std::min<std::size_t>((256u << 20) - 4096 * 3 + 40,
+                               std::max<std::size_t>(4u << 20, sum(weights_sizes(opt.scale)) / 4));
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   args a(argc, argv,
          {"scenarios", "scale", "cycles", "swap-cycles", "small-count", "kv-bytes", "link-bytes",
-          "tsv", "link"});
+          "tsv", "link", "rl-variants", "rl-discard-sweep", "rl-role"});
   if (!a.ok()) {
     std::fprintf(stderr, "tagmem_bench_offload: %s\n", a.error().c_str());
     return 2;
@@ -63,25 +73,30 @@ int main(int argc, char** argv) {
     opt.link_bytes =
         a.bytes("link-bytes",
                 std::max<std::size_t>(64u << 20, std::size_t(4.0 * (1ull << 30) * opt.scale)));
+    opt.rl_variants = a.str("rl-variants", opt.rl_variants);
+    opt.rl_discard_sweep = a.str("rl-discard-sweep", "");
   } catch (const std::exception& ex) {
     std::fprintf(stderr, "tagmem_bench_offload: bad option: %s\n", ex.what());
     return 2;
   }
+  const std::string role = a.str("rl-role", "");
   const std::string list =
-      a.str("scenarios", "raw,weights,weights_prepinned,many_small,kv,swap,swap_tight");
+      a.str("scenarios",
+            "raw,weights,weights_prepinned,many_small,kv,swap,swap_tight,rl_cycle,rl_two_process");
   results out;
   bool ok = true;
   try {
     use_device0();
+    if (!role.empty()) {  // a child of rl_two_process
+      pattern pat(pattern_size(opt), 0x7a6d656d);
+      env e{opt, out, pat, {}, true};
+      return run_rl_role(e, role);
+    }
     std::printf("# tagmem offload benchmark on the %s driver, scale %.4g, %d cycles\n",
                 using_emulator() ? "EMULATED" : "real CUDA", opt.scale, opt.cycles);
     echo_environment();
     std::fflush(stdout);
-    // The pattern: random bytes, a size that is no power of two (dataset.hpp).
-    std::size_t pattern_bytes =
-        std::min<std::size_t>((256u << 20) - 4096 * 3 + 40,
-                              std::max<std::size_t>(4u << 20, sum(weights_sizes(opt.scale)) / 4));
-    pattern pat(pattern_bytes, 0x7a6d656d);
+    pattern pat(pattern_size(opt), 0x7a6d656d);
     env e{opt, out, pat, {}, true};
     if (std::string given = a.str("link", ""); !given.empty()) {
       if (std::sscanf(given.c_str(), "%lf,%lf,%lf", &e.link.h2d, &e.link.d2h, &e.link.bidir) != 3 ||
@@ -107,6 +122,13 @@ int main(int argc, char** argv) {
         {"kv", [&] { run_kv_cache(e); }},
         {"swap", [&] { run_swap(e, false); }},
         {"swap_tight", [&] { run_swap(e, true); }},
+        {"rl_cycle", [&] { run_rl_cycle(e); }},
+        {"rl_two_process",
+         [&] {
+           run_rl_two_process(
+               e, {"--scale=" + a.str("scale", "1"), "--kv-bytes=" + std::to_string(opt.kv_bytes),
+                   "--cycles=" + std::to_string(opt.cycles)});
+         }},
     };
     for (const item& it : items) {
       if (!wanted(list, it.key)) continue;

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <stdexcept>
 
 #include "scenarios.hpp"
@@ -122,6 +123,23 @@ bool verify(env& e, dataset& d, const std::string& scenario, int cycle, bool pro
   std::fflush(stdout);
   if (!ok) e.ok = false;
   return ok;
+}
+
+int check_windows(const std::vector<CUdeviceptr>& ptrs, std::size_t bytes, const pattern& pat,
+                  int cycle) {
+  use_device0();
+  const std::size_t w = std::min<std::size_t>(64u << 10, bytes);
+  std::vector<unsigned char> got(w);
+  int bad = 0;
+  for (std::size_t i = 0; i < ptrs.size(); ++i) {
+    for (std::size_t off : {std::size_t(0), bytes - w}) {
+      const unsigned char* want = pat.data() + (mix(i * 7 + cycle) % (pat.size() - w));
+      BENCH_CU(cuMemcpyHtoD, ptrs[i] + off, want, w);
+      BENCH_CU(cuMemcpyDtoH, got.data(), ptrs[i] + off, w);
+      bad += std::memcmp(got.data(), want, w) != 0;
+    }
+  }
+  return bad;
 }
 
 }  // namespace tagmem::bench

@@ -16,24 +16,6 @@
 namespace tagmem::bench {
 namespace {
 
-// Writes and reads back a window at each end of each tensor; returns the windows that failed.
-int check_windows(const std::vector<CUdeviceptr>& ptrs, std::size_t bytes, const pattern& pat,
-                  int cycle) {
-  use_device0();
-  const std::size_t w = std::min<std::size_t>(64u << 10, bytes);
-  std::vector<unsigned char> got(w);
-  int bad = 0;
-  for (std::size_t i = 0; i < ptrs.size(); ++i) {
-    for (std::size_t off : {std::size_t(0), bytes - w}) {
-      const unsigned char* want = pat.data() + (mix(i * 7 + cycle) % (pat.size() - w));
-      BENCH_CU(cuMemcpyHtoD, ptrs[i] + off, want, w);
-      BENCH_CU(cuMemcpyDtoH, got.data(), ptrs[i] + off, w);
-      bad += std::memcmp(got.data(), want, w) != 0;
-    }
-  }
-  return bad;
-}
-
 struct kv_times {
   std::vector<double> off, released, rel;  // seconds per cycle
   std::size_t freed = 0;                   // bytes, last cycle

@@ -24,6 +24,8 @@ struct options {
   std::size_t small_count = 10240;  // tensors of the many-small scenario
   std::size_t kv_bytes = 0;         // 60 GiB x scale unless given
   std::size_t link_bytes = 0;       // 4 GiB x scale (at least 64 MiB) unless given
+  std::string rl_variants = "default,no_pin_ahead,keep,settle,no_kv";  // scenario_rl_cycle.cpp
+  std::string rl_discard_sweep;  // TAGMEM_DISCARD_MAPPING_BYTES values for rl_cycle, "1G,2G"
 };
 
 struct link_speed {
@@ -49,6 +51,11 @@ void run_weights(env& e, const std::string& name, const std::vector<std::size_t>
                  bool prepin);
 void run_kv_cache(env& e);
 void run_swap(env& e, bool tight);
+void run_rl_cycle(env& e);
+// The two-process variant starts this program twice with --rl-role and `child_args` (the sizes);
+// run_rl_role is what such a child runs (returns its exit status).
+void run_rl_two_process(env& e, const std::vector<std::string>& child_args);
+int run_rl_role(env& e, const std::string& role);
 
 // Fresh tagmem for one scenario (configuration from TAGMEM_* variables).
 class session {
@@ -68,5 +75,10 @@ void sync_device();
 // Verifies `d` (in cycle `cycle`); the first verification of a scenario also proves the check
 // fails when one byte is wrong. Records failures in e.ok and the log; returns whether it passed.
 bool verify(env& e, dataset& d, const std::string& scenario, int cycle, bool prove_failure);
+
+// Writes and reads back a window at each end of each of `ptrs` (tensors of `bytes`); returns the
+// windows that failed. For DISCARDed memory, whose contents are undefined: it must be usable.
+int check_windows(const std::vector<CUdeviceptr>& ptrs, std::size_t bytes, const pattern& pat,
+                  int cycle);
 
 }  // namespace tagmem::bench

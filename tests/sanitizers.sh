@@ -6,7 +6,8 @@
 # 2. The state-machine fuzzer, built in the same tree, for TAGMEM_FUZZ_SECONDS (120); then the
 #    rendezvous message fuzzer for TAGMEM_RDV_FUZZ_SECONDS (60).
 # 3. ThreadSanitizer build: the threaded tests (Threads.*, Release.*, EmulatorRelease.*, background
-#    pinning, StreamReuse.*, Stress.*, EmulatorStress.*).
+#    pinning, StreamReuse.*, recycling and pin-ahead (Recycle*, PinAhead*), Stress.*,
+#    EmulatorStress.*).
 # Any failing test, any sanitizer report (also one that a test somehow survived) and any fuzzer
 # finding fails the script. Build trees go under <build-root> (default: build-san/ in the repo).
 #
@@ -169,9 +170,10 @@ if [[ ",$skip," != *",tsan,"* ]]; then
   export TAGMEM_LIBCUDA=$tsan/allocator/driver/emu/libtagmem_emu.so
   log=$tsan/threads.log
   # The core suite's threaded tests: Threads.*, the release thread (Release.*, EmulatorRelease.*),
-  # background pinning and reuse across threads' per-thread streams (StreamReuse.*).
+  # background pinning and reuse across threads' per-thread streams (StreamReuse.*), recycling
+  # (the recycler shared with the release thread) and the pin-ahead thread.
   if "$tsan/tests/core/tagmem_core_tests" \
-       --gtest_filter='Threads*:Release*:EmulatorRelease*:EmulatorPipeline.HostStorePins*:StreamReuse*' \
+       --gtest_filter='Threads*:Release*:EmulatorRelease*:EmulatorPipeline.HostStorePins*:StreamReuse*:Recycle*:EmulatorRecycle.*:PinAhead*:EmulatorPinAhead*' \
        >"$log" 2>&1 &&
      "$tsan/tests/stress/tagmem_stress_tests" --gtest_filter='Stress*:EmulatorStress*' >>"$log" 2>&1 &&
      scan "$log"; then

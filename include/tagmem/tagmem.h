@@ -121,7 +121,8 @@ typedef struct tagmem_device_stats {
   size_t host_pinned_high_water; /* its largest size so far */
   size_t host_used_bytes;        /* of the store, bytes holding backups now (all devices) */
   uint64_t tags;                 /* tags that exist on the device */
-  size_t release_pending_bytes;  /* offloaded with DISCARD, not yet back with the driver */
+  size_t release_pending_bytes;  /* offloaded (DISCARD, swapped out, or kept for recycling),
+                                    not yet back with the driver */
   size_t host_budget_bytes;      /* the most the pinned host store may hold now (all devices;
                                     see tagmem_host_reserve) */
 } tagmem_device_stats;
@@ -255,11 +256,31 @@ TAGMEM_API tagmem_status tagmem_swap(const char* const* out_tags, size_t out_cou
  * does. Offloaded tags are left alone. */
 TAGMEM_API tagmem_status tagmem_empty_cache(int device);
 
-/* Waits until the physical memory of `device` that DISCARD offloads and swaps gave up is back
- * with the driver (see tagmem_offload), so that other allocators and processes can have it. Returns
- * at once when nothing is pending. Errors: DRIVER if a release failed (it is tried again by the
+/* Waits until the physical memory of `device` that DISCARD offloads and swaps gave up (and what
+ * was kept for recycling, see tagmem_release_physical) is back with the driver (see
+ * tagmem_offload), so that other allocators and processes can have it. Returns at once when
+ * nothing is pending. Errors: DRIVER if a release failed (it is tried again by the
  * next call; the memory stays counted in release_pending_bytes). Thread-safe. */
 TAGMEM_API tagmem_status tagmem_wait_released(int device);
+
+/* Says how `tag` of `device` will be offloaded (creating the tag if needed; callable at any time,
+ * the latest call wins). With TAGMEM_BACKUP, while the tag grows a background thread pins host
+ * memory for it in the pinned host store (TAGMEM_PIN_AHEAD=on, the default), never beyond the
+ * host budget, so that its first offload copies at once instead of pinning first; with
+ * TAGMEM_DISCARD nothing is pinned for it. Tags without a plan are not pinned ahead. The plan
+ * does not restrict how the tag may actually be offloaded.
+ * Errors: INVALID_ARGUMENT (bad name, device or mode). Thread-safe. */
+TAGMEM_API tagmem_status tagmem_tag_plan_offload(const char* tag, int device,
+                                                 tagmem_offload_mode mode);
+
+/* Hands the physical memory that offloads and swaps of `device` kept for recycling
+ * (TAGMEM_RECYCLE_PHYSICAL=keep: an offload keeps its memory so that a later reload or swap of
+ * the same process maps it without a release and a create) to the background release, and
+ * returns at once; tagmem_wait_released() does the same and waits until it is back with the
+ * driver. Kept memory counts in release_pending_bytes. With the default setting (`swap`)
+ * nothing is kept between calls and this returns at once.
+ * Errors: INVALID_ARGUMENT (no such device). Thread-safe. */
+TAGMEM_API tagmem_status tagmem_release_physical(int device);
 
 /* ---- pinned host store ----------------------------------------------------------------------- */
 

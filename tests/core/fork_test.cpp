@@ -81,6 +81,9 @@ int every_call_refused(const std::function<int()>& first, void* parent_ptr) {
   char tag[TAGMEM_MAX_TAG_NAME + 1];
   bad += refused("tagmem_host_trim", tagmem_host_trim(0));
   bad += refused("tagmem_wait_released", tagmem_wait_released(0));
+  bad += refused("tagmem_release_physical", tagmem_release_physical(0));
+  bad +=
+      refused("tagmem_tag_plan_offload", tagmem_tag_plan_offload("fork_planned", 0, TAGMEM_BACKUP));
   bad += refused("tagmem_malloc", tagmem_malloc(&p, MiB, 0, nullptr));
   bad += refused("tagmem_malloc_tagged", tagmem_malloc_tagged(&p, MiB, "child", 0, nullptr));
   bad += refused("tagmem_free", tagmem_free(parent_ptr, nullptr));
@@ -103,7 +106,8 @@ int every_call_refused(const std::function<int()>& first, void* parent_ptr) {
 }
 
 // A resident tag with random bytes, a DISCARD-offloaded tag whose memory the release thread is
-// giving back, and the host store pinning 1 GiB in the background: then a fork.
+// giving back, the host store pinning 1 GiB in the background and a tag planned for BACKUP
+// being pinned ahead (Note [pin ahead]): then a fork.
 class Fork : public tagmem_test {
  protected:
   void SetUp() override {
@@ -114,6 +118,8 @@ class Fork : public tagmem_test {
     const char* gone[] = {"fork_discarded"};
     TAGMEM_OK(tagmem_offload(gone, 1, 0, TAGMEM_DISCARD));
     TAGMEM_OK(tagmem_host_reserve(1024 * MiB, 0));
+    TAGMEM_OK(tagmem_tag_plan_offload("fork_planned", 0, TAGMEM_BACKUP));
+    fill(rng_, "fork_planned", 4, 64 * MiB);
   }
 
   // The parent's tagmem still works after the child left.
@@ -153,7 +159,9 @@ INSTANTIATE_TEST_SUITE_P(
     Fork, ForkFirstCall,
     ::testing::Values(  // trim during a background reserve, wait_released after a DISCARD
         first_call{"tagmem_host_trim", [] { return tagmem_host_trim(0); }},
-        first_call{"tagmem_wait_released", [] { return tagmem_wait_released(0); }}),
+        first_call{"tagmem_wait_released", [] { return tagmem_wait_released(0); }},
+        first_call{"tagmem_tag_plan_offload",
+                   [] { return tagmem_tag_plan_offload("fork_planned", 0, TAGMEM_BACKUP); }}),
     [](const ::testing::TestParamInfo<first_call>& info) { return std::string(info.param.name); });
 
 TEST_F(Fork, GrandchildIsRefusedToo) {

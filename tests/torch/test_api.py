@@ -365,6 +365,21 @@ def test_host_store_can_be_reserved_and_trimmed():
     assert tagmem.stats()["host_pinned_bytes"] == 0
 
 
+def test_a_planned_tag_offloads_and_reloads_its_bytes_and_kept_memory_can_be_released(io, rng):
+    tagmem.plan_offload("planned", "backup")
+    tagmem.plan_offload("planned_kv", tagmem.DISCARD)
+    with pytest.raises(tagmem.InvalidArgumentError):
+        tagmem.plan_offload("planned", "sideways")
+    with tagmem.tag("planned"):
+        ptr = tagmem.raw_alloc(4 * MiB)
+    data = fill(io, rng, ptr, 4 * MiB)
+    tagmem.offload("planned")
+    tagmem.release_physical()
+    tagmem.reload("planned")
+    assert io.read(ptr, 4 * MiB) == data
+    tagmem.raw_free(ptr)
+
+
 def test_host_budget_refuses_an_offload_that_does_not_fit_and_keeps_the_tag(io, rng):
     tagmem.init(host_max_bytes=16 * MiB)
     assert tagmem.stats()["host_budget_bytes"] == 16 * MiB

@@ -15,6 +15,10 @@ compared bit for bit with a CPU copy taken before the first (--no-verify skips t
 
     python3 integrations/torch/bench/phase_switch.py --cycles 5 --out bench.json
     python3 integrations/torch/bench/phase_switch.py --layers 2 --scale 8   # small and quick
+
+``--scenario rl_cycle`` runs the RL cycle instead (rl_cycle.py: weights + optimizer backed up, a
+60 GiB kv cache discarded, tagmem against torch_memory_saver's modes, each in its own process);
+the other arguments are then rl_cycle.py's.
 """
 
 import argparse
@@ -125,13 +129,20 @@ def summarise(name, rows, nbytes):
 
 
 def main():
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--scenario", default="weights", choices=("weights", "rl_cycle"))
+    known, rest = pre.parse_known_args()
+    if known.scenario == "rl_cycle":
+        import rl_cycle
+
+        raise SystemExit(rl_cycle.main(rest))
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--layers", type=int, default=32)
     ap.add_argument("--scale", type=int, default=1, help="divide every width (quick runs)")
     ap.add_argument("--cycles", type=int, default=5)
     ap.add_argument("--no-verify", action="store_true")
     ap.add_argument("--out", help="write the results as JSON here")
-    args = ap.parse_args()
+    args = ap.parse_args(rest)
 
     shapes = llama8b_shapes(args.layers, args.scale)
     nbytes = sum(2 * torch.Size(s).numel() for _, s in shapes)

@@ -43,6 +43,8 @@ from ._api import (
     tag,
     tags,
     wait_released,
+    release_physical,
+    plan_offload,
 )
 from ._errors import (
     DriverError,
@@ -111,4 +113,6 @@ __all__ = [
     "tag",
     "tags",
     "wait_released",
+    "release_physical",
+    "plan_offload",
 ]

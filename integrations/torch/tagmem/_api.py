@@ -180,6 +180,19 @@ def wait_released(device=None):
     _errors.check(_lib.lib().tagmem_wait_released(_device(device)))
 
 
+def release_physical(device=None):
+    """Hands the device memory kept for recycling (TAGMEM_RECYCLE_PHYSICAL=keep) to the background
+    release and returns; wait_released() also waits until it is back with the driver."""
+    _errors.check(_lib.lib().tagmem_release_physical(_device(device)))
+
+
+def plan_offload(tag, mode=BACKUP, device=None):
+    """Says how `tag` will be offloaded. BACKUP: while it grows, host memory for its backup is
+    pinned in the background (within the host budget; TAGMEM_PIN_AHEAD=off turns that off), so
+    the first offload copies at once. DISCARD: nothing is pinned for it."""
+    _errors.check(_lib.lib().tagmem_tag_plan_offload(_name(tag), _device(device), _mode(mode)))
+
+
 def host_reserve(nbytes, wait=False):
     """Grows the pinned host store to at least `nbytes` ahead of need (pinning is slow, copying is
     fast). With ``wait=False`` the pinning runs in the background."""

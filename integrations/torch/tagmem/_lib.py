@@ -117,6 +117,8 @@ _PROTOTYPES = {
     "tagmem_swap": (_STATUS, [_NAMES, _SIZE, _NAMES, _SIZE, ctypes.c_int, ctypes.c_int]),
     "tagmem_empty_cache": (_STATUS, [ctypes.c_int]),
     "tagmem_wait_released": (_STATUS, [ctypes.c_int]),
+    "tagmem_release_physical": (_STATUS, [ctypes.c_int]),
+    "tagmem_tag_plan_offload": (_STATUS, [ctypes.c_char_p, ctypes.c_int, ctypes.c_int]),
     "tagmem_host_reserve": (_STATUS, [_SIZE, ctypes.c_int]),
     "tagmem_host_trim": (_STATUS, [_SIZE]),
     "tagmem_tag_stats_get": (_STATUS, [ctypes.c_char_p, ctypes.c_int, ctypes.POINTER(TagStats)]),

@@ -120,6 +120,9 @@ class _Impl:
     def _note(self, tag, backup):
         with self._lock:
             self._backup[tag] = self._backup.get(tag, False) or bool(backup)
+            mode = _api.BACKUP if self._backup[tag] else _api.DISCARD
+        # A region with a CPU backup is pinned ahead as it grows (tagmem_tag_plan_offload).
+        _api.plan_offload(tag, mode)
 
     def _pool(self, tag, device):
         with self._lock:
