@@ -298,11 +298,11 @@ TEST_P(EmulatorRecycleFaults, EachCallFailsCleanly) {
   fail_each_call(std::get<0>(GetParam()), std::get<1>(GetParam()));
 }
 
-INSTANTIATE_TEST_SUITE_P(Swap, EmulatorRecycleFaults,
+INSTANTIATE_TEST_SUITE_P(EmulatorSwap, EmulatorRecycleFaults,
                          ::testing::Combine(::testing::Values("swap"),
                                             ::testing::Values("cuMemCreate", "cuMemMap",
                                                               "cuMemSetAccess", "cuMemUnmap")));
-INSTANTIATE_TEST_SUITE_P(Keep, EmulatorRecycleFaults,
+INSTANTIATE_TEST_SUITE_P(EmulatorKeep, EmulatorRecycleFaults,
                          ::testing::Combine(::testing::Values("keep"),
                                             ::testing::Values("cuMemCreate", "cuMemMap",
                                                               "cuMemSetAccess", "cuMemUnmap")));

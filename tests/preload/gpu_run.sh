@@ -90,7 +90,9 @@ if [ -x "$TESTS" ] && [ -f "$EMU" ]; then
            LD_LIBRARY_PATH="$BUILD/tests/preload:${EMU%/*}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
            TAGMEM_NCCL_DIR="$RDV/rdv" TAGMEM_NCCL_CUMEMALLOC=vmm)
   run_phase emu-preload-tests env "${EMU_ENV[@]}" "$TESTS" \
-    --gtest_filter=-RuntimeDefaultTag.*:DlsymNext.*:TmsInitEnable.*
+    --gtest_filter=-RuntimeDefaultTag.*:DlsymNext.*:TmsInitEnable.*:NcclTagSlab.*
+  run_phase emu-preload-host-slab env "${EMU_ENV[@]}" TAGMEM_HOST_SLAB_BYTES=32MiB "$TESTS" \
+    --gtest_filter=NcclTagSlab.*
   run_phase emu-preload-rtld-next env "${EMU_ENV[@]}" "$TESTS" --gtest_filter=DlsymNext.*
   run_phase emu-preload-default-tag env "${EMU_ENV[@]}" TAGMEM_PRELOAD_TAG=everything "$TESTS" \
     --gtest_filter=RuntimeDefaultTag.*
