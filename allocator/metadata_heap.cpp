@@ -11,13 +11,22 @@
 // A mimalloc heap may only allocate from the thread that created it, so each thread gets its own
 // private heap on first use; blocks may be freed from any thread. At thread exit the heap is
 // deleted, which hands its live blocks to that thread's default mimalloc heap (still mimalloc).
+//
+// Note [block origin]: the allocator may change between a block's allocation and its free
+// (shutdown, then init with another TAGMEM_METADATA), so each block says who made it, in a
+// header in front of it. Asking mimalloc instead (mi_is_in_heap_region) is wrong for blocks
+// outside the address range its segment map covers: where other reservations (CUDA's, tagmem's
+// arenas) occupy the range mimalloc asks the kernel for, its segments land above it, and such a
+// block was handed to free() — a crash on the first record a new thread freed.
 #include "metadata_heap.hpp"
 
 #include <dlfcn.h>
 
 #include <atomic>
+#include <cstdint>
 #include <cstdlib>
 #include <mutex>
+#include <new>
 
 #include "options.hpp"
 
@@ -32,8 +41,14 @@ struct mimalloc_api {
   void (*heap_delete)(mi_heap*) = nullptr;
   void* (*heap_malloc)(mi_heap*, std::size_t) = nullptr;
   void (*free)(void*) = nullptr;
-  bool (*in_heap_region)(const void*) = nullptr;
 };
+
+// The header before each block (Note [block origin]); its size keeps blocks 16-byte aligned, as
+// malloc and mimalloc return them.
+struct alignas(16) block_header {
+  bool from_mimalloc;
+};
+static_assert(sizeof(block_header) == 16);
 
 std::once_flag g_load_once;
 mimalloc_api g_mi;                        // all set, or all null
@@ -47,8 +62,7 @@ void load_mimalloc() {
   m.heap_delete = reinterpret_cast<decltype(m.heap_delete)>(dlsym(h, "mi_heap_delete"));
   m.heap_malloc = reinterpret_cast<decltype(m.heap_malloc)>(dlsym(h, "mi_heap_malloc"));
   m.free = reinterpret_cast<decltype(m.free)>(dlsym(h, "mi_free"));
-  m.in_heap_region = reinterpret_cast<decltype(m.in_heap_region)>(dlsym(h, "mi_is_in_heap_region"));
-  if (m.heap_new && m.heap_delete && m.heap_malloc && m.free && m.in_heap_region) {
+  if (m.heap_new && m.heap_delete && m.heap_malloc && m.free) {
     g_mi = m;  // the handle stays open for the life of the process
   } else {
     dlclose(h);
@@ -99,25 +113,28 @@ metadata_allocator current_metadata_allocator() noexcept {
 }
 
 void* meta_malloc(std::size_t bytes) {
+  if (bytes > SIZE_MAX - sizeof(block_header)) throw std::bad_alloc();
+  const std::size_t total = bytes + sizeof(block_header);
+  const bool mi = g_use_mimalloc.load(std::memory_order_relaxed);
   void* p = nullptr;
-  if (g_use_mimalloc.load(std::memory_order_relaxed)) {
+  if (mi) {
     mi_heap* heap = my_heap();
-    p = heap ? g_mi.heap_malloc(heap, bytes) : nullptr;
+    p = heap ? g_mi.heap_malloc(heap, total) : nullptr;
   } else {
-    p = std::malloc(bytes);
+    p = std::malloc(total);
   }
   if (!p) throw std::bad_alloc();
-  return p;
+  auto* h = new (p) block_header{mi};
+  return h + 1;
 }
 
 void meta_free(void* p) noexcept {
   if (!p) return;
-  // The allocator may have been switched since `p` was allocated (shutdown, then init with
-  // TAGMEM_METADATA changed), so ask mimalloc whether the block is its own.
-  if (g_mi.in_heap_region && g_mi.in_heap_region(p)) {
-    g_mi.free(p);
+  auto* h = static_cast<block_header*>(p) - 1;
+  if (h->from_mimalloc) {
+    g_mi.free(h);
   } else {
-    std::free(p);
+    std::free(h);
   }
 }
 
