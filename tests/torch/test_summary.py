@@ -36,6 +36,8 @@ def test_memory_stats_follow_torch_naming_and_track_peaks(rng):
     ss = tagmem.stats("s")
     for metric in ("allocated_bytes", "reserved_bytes", "mapped_bytes", "host_bytes"):
         assert m[metric + ".all.current"] == s[metric] + ss[metric]
+    everything = tagmem.stats()  # tagmem.torch.stats() is this on the current CUDA device
+    assert {k: everything[k] for k in m} == m
     tagmem.reload(["w"])
     m = _summary.memory_stats()
     assert m["mapped_bytes.w.current"] == tagmem.stats("w")["mapped_bytes"] > 0

@@ -251,8 +251,10 @@ def stats(name=None, device=None):
 
     With `name`: that tag's tagmem_tag_stats, ``state`` given as its name ("resident", ...).
     Without: the device's tagmem_device_stats, plus ``"metadata_heap"`` (tagmem_metadata_heap():
-    "mimalloc" or "system") and ``"by_tag"``: {tag name: tag stats dict}. Under the LD_PRELOAD
-    shim ``"by_tag"`` includes ``"nccl"``, NCCL's memory, which only tagmem_nccl_pause/resume move.
+    "mimalloc" or "system"), ``"by_tag"``: {tag name: tag stats dict}, and the per-tag keys in
+    torch.cuda.memory_stats()'s naming (``allocated_bytes.<tag>.current``, ``.all.current``, ...;
+    tagmem.torch.memory_stats()). Under the LD_PRELOAD shim ``"by_tag"`` includes ``"nccl"``,
+    NCCL's memory, which only tagmem_nccl_pause/resume move.
     """
     if name is not None:
         out = _as_dict(_tag_stats(name, device))
@@ -270,6 +272,9 @@ def stats(name=None, device=None):
             out["by_tag"][n] = stats(n, device)
         except _errors.UnknownTagError:  # removed meanwhile
             pass
+    from . import _summary  # imports this module
+
+    out.update(_summary.torch_named(out["by_tag"]))
     return out
 
 

@@ -7,7 +7,8 @@ current`` and ``.peak``, ``reserved_bytes``, ``requested_bytes``, ``allocation.<
 ``mapped_bytes`` (resident), ``offloaded_bytes`` (reserved but not mapped), ``host_bytes`` (the
 pinned backup), ``offload_count`` / ``reload_count``. ``<metric>.all.current`` sums the tags; there
 is no ``.all.peak`` (tagmem keeps peaks per tag, and the peak of a sum is not the sum of peaks).
-memory_summary() prints them in the layout of torch.cuda.memory_summary().
+memory_summary() prints them in the layout of torch.cuda.memory_summary(). tagmem.stats() (and
+so tagmem.torch.stats()) carries the same keys beside the C structs' names.
 """
 
 from . import _api
@@ -25,9 +26,14 @@ def _size(n):
 
 def memory_stats(device=None):
     """torch.cuda.memory_stats()-shaped statistics of every tag on `device` (see the module)."""
+    return torch_named(_api.stats(None, device)["by_tag"])
+
+
+def torch_named(by_tag):
+    """The memory_stats() dict of `by_tag` ({tag name: tagmem.stats(tag) dict})."""
     out = {}
     sums = {}
-    for name, s in sorted(_api.stats(None, device)["by_tag"].items()):
+    for name, s in sorted(by_tag.items()):
         offloaded = max(0, s["reserved_bytes"] - s["mapped_bytes"]) if s["state"] != "resident" else 0
         per_tag = {
             "allocated_bytes.%s.current": s["allocated_bytes"],
