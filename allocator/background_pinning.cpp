@@ -48,7 +48,7 @@ void background_pinning::wait_idle() {
     std::unique_lock lock(mutex_);
     changed_.wait(lock, [&] { return stop_ || (!dirty_ && !busy_); });
   }
-  reg_.store().reserve(0, true);  // waits for the store's background growth
+  reg_.store().reserve(0, host_store::growth::now);  // waits for the store's background growth
 }
 
 void background_pinning::loop() noexcept {
@@ -83,7 +83,7 @@ void background_pinning::pin_to_target() noexcept {
     const std::size_t target = std::min(s.used_bytes + planned, s.budget_bytes);
     // The store's own background growth, which an offload that needs it waits for rather than
     // pinning the same bytes a second time.
-    if (target > s.pinned_bytes) store.reserve(target, false);
+    if (target > s.pinned_bytes) store.reserve(target, host_store::growth::in_background);
   } catch (...) {  // dropped: the offload pins what is missing and reports its own failure
   }
 }

@@ -261,7 +261,9 @@ tagmem_status tagmem_release_physical(int device) {
 }
 
 tagmem_status tagmem_host_reserve(size_t bytes, int wait) {
-  return guarded([&](registry& r) { r.store().reserve(bytes, wait != 0); });
+  return guarded([&](registry& r) {
+    r.store().reserve(bytes, wait ? host_store::growth::now : host_store::growth::in_background);
+  });
 }
 
 tagmem_status tagmem_host_trim(size_t keep_bytes) {

@@ -83,7 +83,7 @@ unsigned pin_threads_from_env() {
   return std::clamp(std::thread::hardware_concurrency(), 1u, 16u);
 }
 
-pinned_range pin_range(std::size_t bytes, pin_method how, CUcontext context) {
+pinned_slab pin_slab(std::size_t bytes, pin_method how, CUcontext context) {
   trace::span span("pin", nullptr, bytes, trace::effect::pinned_up);
   const auto& api = driver::api();
   context_guard guard(context);
@@ -112,7 +112,7 @@ pinned_range pin_range(std::size_t bytes, pin_method how, CUcontext context) {
   return {base, bytes};
 }
 
-unpin_result unpin_range(const pinned_range& r, pin_method how, CUcontext context) noexcept {
+unpin_result unpin_slab(const pinned_slab& r, pin_method how, CUcontext context) noexcept {
   const auto& api = driver::api();
   CUcontext previous = nullptr;
   if (CUresult e = api.cuCtxGetCurrent(&previous); e != CUDA_SUCCESS) return {e, "cuCtxGetCurrent"};
@@ -136,28 +136,28 @@ unpin_result unpin_range(const pinned_range& r, pin_method how, CUcontext contex
   return out;
 }
 
-void pin_parallel(std::size_t bytes, std::size_t min_piece, unsigned threads, pin_method how,
-                  CUcontext context, const std::function<void(pinned_range)>& done) {
+void pin_parallel(std::size_t bytes, std::size_t min_slab, unsigned threads, pin_method how,
+                  CUcontext context, const std::function<void(pinned_slab)>& done) {
   if (bytes == 0) return;
   threads = std::max(threads, 1u);
-  min_piece = round_up_checked(std::max(min_piece, kHuge), kHuge, TAGMEM_ERROR_INVALID_ARGUMENT,
-                               "a pinned slab");
+  min_slab = round_up_checked(std::max(min_slab, kHuge), kHuge, TAGMEM_ERROR_INVALID_ARGUMENT,
+                              "a pinned slab");
   bytes = round_up_checked(bytes, kHuge, TAGMEM_ERROR_HOST_OUT_OF_MEMORY, "pinning host memory");
-  // As many pieces as threads, none smaller than min_piece.
-  std::size_t pieces = std::clamp<std::size_t>(bytes / min_piece, 1, threads);
-  std::size_t piece = round_up((bytes + pieces - 1) / pieces, kHuge);
+  // As many slabs as threads, none smaller than min_slab.
+  std::size_t slabs = std::clamp<std::size_t>(bytes / min_slab, 1, threads);
+  std::size_t slab = round_up((bytes + slabs - 1) / slabs, kHuge);
   std::mutex error_mutex;
   std::exception_ptr first_error;
-  for_each_index(pieces, threads, [&](std::size_t i) {
-    std::size_t offset = i * piece;
+  for_each_index(slabs, threads, [&](std::size_t i) {
+    std::size_t offset = i * slab;
     if (offset >= bytes) return;
-    std::size_t n = std::min(piece, bytes - offset);
+    std::size_t n = std::min(slab, bytes - offset);
     try {
-      pinned_range r = pin_range(n, how, context);
+      pinned_slab r = pin_slab(n, how, context);
       try {
         done(r);
       } catch (...) {
-        (void)unpin_range(r, how, context);  // on failure it stays pinned: nowhere to keep it
+        (void)unpin_slab(r, how, context);  // on failure it stays pinned: nowhere to keep it
         throw;
       }
     } catch (...) {
@@ -168,11 +168,11 @@ void pin_parallel(std::size_t bytes, std::size_t min_piece, unsigned threads, pi
   if (first_error) std::rethrow_exception(first_error);
 }
 
-std::size_t unpin_parallel(const pinned_range* ranges, std::size_t count, unsigned threads,
+std::size_t unpin_parallel(const pinned_slab* slabs, std::size_t count, unsigned threads,
                            pin_method how, CUcontext context, unpin_result* results) noexcept {
   std::atomic<std::size_t> failed{0};
   for_each_index(count, threads, [&](std::size_t i) {
-    unpin_result r = unpin_range(ranges[i], how, context);
+    unpin_result r = unpin_slab(slabs[i], how, context);
     if (!r.ok()) failed.fetch_add(1);
     if (results) results[i] = r;
   });

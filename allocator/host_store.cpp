@@ -37,12 +37,12 @@ host_store::~host_store() {
   // A slab whose unpin fails stays pinned and mapped for the life of the process: a destructor
   // cannot report it, and unmapping it could pull pages from under the driver (Note [unpin keeps
   // what it cannot release] in host_pinning.hpp). The others are unpinned all the same.
-  meta_vector<pinned_range> all;
+  meta_vector<pinned_slab> all;
   try {
     all.reserve(slabs_.size());
     for (auto& [base, s] : slabs_) all.push_back({base, s.size});
   } catch (...) {  // no memory for the list: unpin one by one
-    for (auto& [base, s] : slabs_) (void)unpin_range({base, s.size}, method_, context_);
+    for (auto& [base, s] : slabs_) (void)unpin_slab({base, s.size}, method_, context_);
     return;
   }
   unpin_parallel(all.data(), all.size(), threads_, method_, context_);
@@ -58,7 +58,7 @@ std::size_t host_store::free_bytes_locked() const {
   return stats_.pinned_bytes - stats_.used_bytes;
 }
 
-void host_store::add_slab(pinned_range r, std::size_t& added) {
+void host_store::add_slab(pinned_slab r, std::size_t& added) {
   std::lock_guard lock(mutex_);
   slabs_.emplace(r.base, slab{r.size, 0});
   try {
@@ -121,11 +121,11 @@ void host_store::grow(std::size_t need, std::size_t asked, const char* what) {
     std::size_t& added;
     ~unclaim() {
       std::lock_guard lock(store.mutex_);
-      store.growing_ -= bytes - added;  // pieces that failed
+      store.growing_ -= bytes - added;  // slabs that failed
     }
   } give_back{*this, bytes, added};
   pin_parallel(bytes, slab_bytes_, threads_, method_, context_,
-               [this, &added](pinned_range r) { add_slab(r, added); });
+               [this, &added](pinned_slab r) { add_slab(r, added); });
 }
 
 meta_vector<host_extent> host_store::acquire(std::size_t bytes) {
@@ -205,12 +205,12 @@ void host_store::background_loop() {
   changed_.notify_all();
 }
 
-void host_store::reserve(std::size_t bytes, bool wait) {
+void host_store::reserve(std::size_t bytes, growth how) {
   // Refused here, not in the background: a target that can never be pinned would keep the
   // background thread and every acquire waiting for it.
   (void)round_up_checked(bytes, kPage, TAGMEM_ERROR_INVALID_ARGUMENT, "tagmem_host_reserve");
   std::unique_lock lock(mutex_);
-  if (wait) {
+  if (how == growth::now) {
     changed_.wait(lock, [&] { return !background_running_; });
     if (stats_.pinned_bytes >= bytes) return;
     std::size_t need = bytes - stats_.pinned_bytes;
@@ -241,7 +241,7 @@ void host_store::trim(std::size_t keep_bytes) {
     decltype(free_)::node_type free;
   };
   meta_vector<taken_slab> taken;
-  meta_vector<pinned_range> doomed;
+  meta_vector<pinned_slab> doomed;
   meta_vector<unpin_result> results;
   {
     std::unique_lock lock(mutex_);

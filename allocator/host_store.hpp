@@ -41,7 +41,7 @@ class host_store {
   // Reads TAGMEM_HOST_PIN and TAGMEM_HOST_PIN_THREADS (throws INVALID_ARGUMENT). max_bytes caps
   // the store (TAGMEM_HOST_MAX_BYTES; 0: only the default budget of Note [host budget] applies).
   host_store(std::size_t slab_bytes, CUcontext context, std::size_t max_bytes = 0);
-  // Stops background pinning after its current pieces and unpins every slab (one that cannot
+  // Stops background pinning after its current slabs and unpins every slab (one that cannot
   // be unpinned stays pinned and mapped: Note [unpin keeps what it cannot release]).
   ~host_store();
   host_store(const host_store&) = delete;
@@ -52,10 +52,12 @@ class host_store {
   meta_vector<host_extent> acquire(std::size_t bytes);
   void release(const meta_vector<host_extent>& extents) noexcept;
 
-  // Grows the store to at least `bytes` in total; with wait=false on a background thread (a
-  // failure there is dropped: the next acquire pins what it needs and reports its own). Throws
+  // How reserve() grows the store.
+  enum class growth { now, in_background };
+  // Grows the store to at least `bytes` in total, now or on a background thread (a failure there
+  // is dropped: the next acquire pins what it needs and reports its own). Throws
   // HOST_OUT_OF_MEMORY when that is beyond the budget, DRIVER.
-  void reserve(std::size_t bytes, bool wait);
+  void reserve(std::size_t bytes, growth how);
   // Unpins slabs that hold no extent as long as at least keep_bytes stay pinned; cancels
   // background growth beyond keep_bytes. Throws DRIVER naming the failed call when a slab cannot
   // be unpinned: that slab stays pinned and free for use, the others are unpinned (Note [trim
@@ -73,7 +75,7 @@ class host_store {
   // helpers; call without the lock. `asked` and `what` name the request for the error message.
   void grow(std::size_t need, std::size_t asked, const char* what);
   std::size_t claim(std::size_t need, std::size_t asked, const char* what);
-  void add_slab(pinned_range r, std::size_t& added);  // adds to `added` under the lock
+  void add_slab(pinned_slab r, std::size_t& added);  // adds to `added` under the lock
   void give_back_locked(char* ptr, std::size_t size);
   std::size_t free_bytes_locked() const;
   std::size_t budget_locked(std::size_t headroom) const;  // Note [host budget]

@@ -28,7 +28,7 @@ using namespace tagmem::bench;
 namespace {
 
 struct pinned_set {
-  std::vector<pinned_range> ranges;
+  std::vector<pinned_slab> ranges;
   std::function<void()> unpin;
 };
 
@@ -61,10 +61,10 @@ pinned_set register_one(std::size_t n, bool huge, unsigned touch_threads) {
 }
 
 pinned_set tagmem_path(std::size_t n, unsigned threads, pin_method how, CUcontext ctx) {
-  auto set = std::make_shared<std::vector<pinned_range>>();
+  auto set = std::make_shared<std::vector<pinned_slab>>();
   std::mutex m;
   try {
-    pin_parallel(n, 256u << 20, threads, how, ctx, [&](pinned_range r) {
+    pin_parallel(n, 256u << 20, threads, how, ctx, [&](pinned_slab r) {
       std::lock_guard lock(m);
       set->push_back(r);
     });
@@ -109,7 +109,7 @@ pinned_set host_cumem(std::size_t n) {
 double copy_rate(const pinned_set& set, CUdeviceptr dev, std::size_t dev_bytes, bool to_host,
                  CUstream s) {
   auto once = [&] {
-    for (const pinned_range& r : set.ranges) {
+    for (const pinned_slab& r : set.ranges) {
       for (std::size_t off = 0; off < r.size; off += dev_bytes) {
         std::size_t n = std::min(dev_bytes, r.size - off);
         if (to_host) {

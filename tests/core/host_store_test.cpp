@@ -114,7 +114,7 @@ TEST_P(EmulatorHostStore, DestructorLeavesSlabItCannotUnpinMapped) {
   char* kept = nullptr;
   {
     host_store store(kSlab, ctx);
-    store.reserve(kSlab, true);
+    store.reserve(kSlab, host_store::growth::now);
     auto extents = store.acquire(kSlab);  // the one slab, whole
     ASSERT_EQ(extents.size(), 1u);
     kept = extents[0].ptr;
@@ -127,8 +127,8 @@ TEST_P(EmulatorHostStore, DestructorLeavesSlabItCannotUnpinMapped) {
   ASSERT_TRUE(is_mapped(kept, kSlab)) << "a slab still registered with the driver was unmapped";
   EXPECT_EQ(kept[kSlab - 1], 0x5a);
   // Give it back by hand so that later tests start clean.
-  pinned_range r{kept, kSlab};
-  EXPECT_TRUE(unpin_range(r, GetParam(), ctx).ok());
+  pinned_slab r{kept, kSlab};
+  EXPECT_TRUE(unpin_slab(r, GetParam(), ctx).ok());
   EXPECT_EQ(emulator().pinned_host_bytes(), 0u);
   driver_api_for_tests().cuDevicePrimaryCtxRelease(dev);
 }

@@ -136,7 +136,7 @@ TEST_F(Overflow, PinningAWrappingSizeThrowsAndPinsNothing) {
     std::size_t handed_out = 0;
     try {
       pin_parallel(bytes, kSlab, 2, pin_method::register_huge, ctx,
-                   [&](pinned_range r) { handed_out += r.size; });
+                   [&](pinned_slab r) { handed_out += r.size; });
       ADD_FAILURE() << "pin_parallel(" << bytes << ") returned";
     } catch (const error& e) {
       EXPECT_EQ(e.code(), TAGMEM_ERROR_HOST_OUT_OF_MEMORY) << e.what();
