@@ -93,20 +93,20 @@ typedef struct tagmem_config {
 
 typedef struct tagmem_tag_stats {
   tagmem_tag_state state;
-  size_t allocated_bytes;    /* bytes in live allocations (after rounding to the alignment) */
-  size_t requested_bytes;    /* bytes the caller asked for in live allocations */
-  size_t reserved_bytes;     /* bytes in segments: live, cached and free blocks */
-  size_t mapped_bytes;       /* physical device memory mapped for this tag now */
-  size_t host_bytes;         /* pinned host bytes holding this tag's backup now */
-  size_t virtual_bytes;      /* virtual address space reserved for this tag */
-  uint64_t live_allocations; /* allocations not yet freed */
-  uint64_t mappings;         /* physical allocations mapped (or backed up) for this tag */
-  uint64_t alloc_count;      /* successful allocations, ever */
-  uint64_t free_count;       /* successful frees, ever */
-  uint64_t offload_count;    /* completed offloads, ever */
-  uint64_t reload_count;     /* completed reloads, ever */
-  uint64_t bytes_offloaded;  /* bytes copied device -> host by offloads, ever */
-  uint64_t bytes_reloaded;   /* bytes copied host -> device by reloads, ever */
+  size_t allocated_bytes;      /* bytes in live allocations (after rounding to the alignment) */
+  size_t requested_bytes;      /* bytes the caller asked for in live allocations */
+  size_t reserved_bytes;       /* bytes in segments: live, cached and free blocks */
+  size_t mapped_bytes;         /* physical device memory mapped for this tag now */
+  size_t host_bytes;           /* pinned host bytes holding this tag's backup now */
+  size_t virtual_bytes;        /* virtual address space reserved for this tag */
+  uint64_t live_allocations;   /* allocations not yet freed */
+  uint64_t mappings;           /* physical allocations mapped (or backed up) for this tag */
+  uint64_t alloc_count;        /* successful allocations, ever */
+  uint64_t free_count;         /* successful frees, ever */
+  uint64_t offload_count;      /* completed offloads, ever */
+  uint64_t reload_count;       /* completed reloads, ever */
+  uint64_t bytes_offloaded;    /* bytes copied device -> host by offloads, ever */
+  uint64_t bytes_reloaded;     /* bytes copied host -> device by reloads, ever */
   size_t peak_allocated_bytes; /* the most allocated_bytes has been since the tag was created */
   size_t peak_mapped_bytes;    /* the most mapped_bytes has been since the tag was created */
 } tagmem_tag_stats;
