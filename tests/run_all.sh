@@ -33,7 +33,7 @@ bash tests/sanitizers.sh | tee "$logs/sanitizers.log"
 # cannot run.
 out_of() { sed -nE "s/^$1.* tests failed out of ([0-9]+).*/\1/p" "$2" | tail -1; }
 emu=$(out_of "100% tests passed" "$logs/emu.log")
-gpu_skipped=$(grep -Ec "Test +#[0-9]+: .*Skipped" "$logs/install.log" || true)
+gpu_skipped=$(sed -nE 's/^GPU tests registered: ([0-9]+); without a GPU every one skipped.*/\1/p' "$logs/install.log")
 asan=$(out_of "asan\+ubsan: 100% tests passed" "$logs/sanitizers.log")
 tsan=$(sed -nE 's/^tsan: ([0-9]+) threaded tests passed.*/\1/p' "$logs/sanitizers.log")
 fuzzers=$(grep -Ec '^(fuzzer|rendezvous fuzzer): stat::' "$logs/sanitizers.log" || true)

@@ -148,14 +148,17 @@ if [ -n "$build" ]; then
   launch=$build/tests/tagmem_gpu_launch
   log=$work/ctest-gpu.log
   (cd "$build" && ctest -L gpu) >"$log" 2>&1 || { cat "$log"; fail "ctest -L gpu failed"; }
-  cat "$log"
   total=$(grep -Ec "^ *[0-9]+/[0-9]+ Test +#[0-9]+:" "$log" || true)
-  [ "$total" -gt 0 ] || fail "ctest -L gpu ran no test"
+  [ "$total" -gt 0 ] || { cat "$log"; fail "ctest -L gpu ran no test"; }
+  skipped=$(grep -Ec "Test +#[0-9]+: .*Skipped" "$log" || true)
   no_gpu=0
   "$launch" true 2>/dev/null || no_gpu=$?
   if [ "$no_gpu" = 77 ]; then
-    skipped=$(grep -Ec "Test +#[0-9]+: .*Skipped" "$log" || true)
-    [ "$skipped" = "$total" ] || fail "no GPU here, yet $skipped of $total GPU tests were skipped"
+    [ "$skipped" = "$total" ] || { cat "$log"; fail "no GPU here, yet $skipped of $total GPU tests were skipped"; }
+    # Only a count: ctest's own closing lines would read as a run that executed nothing.
+    echo "GPU tests registered: $total; without a GPU every one skipped itself (log: $log)"
+  else
+    cat "$log"
   fi
 fi
 echo "== install check: all passed"
