@@ -1,5 +1,5 @@
-// copies.cpp — cuMemcpyHtoD/DtoH (synchronous), their Async forms, cuMemcpyDtoDAsync and
-// cuMemsetD8Async.
+// copies.cpp — cuMemcpyHtoD/DtoH (synchronous), their Async forms, cuMemcpyDtoDAsync,
+// cuMemsetD8Async, and cuLaunchKernel of the copy kernel (Note [emu kernels] in modules.cpp).
 //
 // A copy is checked twice. When it is called, its device ranges must be mapped with access for
 // the stream's device (read for a source, write for a destination), else
@@ -25,6 +25,7 @@
 #include "contexts.hpp"
 #include "emu_control.h"
 #include "host_memory.hpp"
+#include "modules.hpp"
 #include "streams.hpp"
 
 namespace tagmem::emu {
@@ -32,7 +33,7 @@ namespace {
 
 std::atomic<uint64_t> bytes_per_second{0};  // 0: unlimited
 
-enum class copy_kind { host_to_device, device_to_host, device_to_device, memset };
+enum class copy_kind { host_to_device, device_to_host, device_to_device, memset, kernel_from_host };
 
 struct copy {
   copy_kind kind;
@@ -46,7 +47,8 @@ struct copy {
   bool src_on_device() const {
     return kind == copy_kind::device_to_host || kind == copy_kind::device_to_device;
   }
-  // What the real driver reports when one faults (measured on an H200).
+  // What the real driver reports when one faults (measured on an H200); a kernel's fault is an
+  // illegal address.
   CUresult fault() const {
     return kind == copy_kind::host_to_device || kind == copy_kind::device_to_host
                ? CUDA_ERROR_LAUNCH_FAILED
@@ -81,6 +83,10 @@ void throttle(size_t n) {
 
 // Moves the bytes piece by piece; the copy's fault if a piece's range is no longer accessible.
 CUresult execute(const copy& c) {
+  if (c.kind == copy_kind::kernel_from_host) {  // the kernel reads host memory through its mapping
+    lock held = take_lock();
+    if (!is_pinned(held, c.src, c.bytes)) return c.fault();
+  }
   for (size_t offset = 0; offset < c.bytes;) {
     const size_t n = std::min(copy_piece, c.bytes - offset);
     {
@@ -183,6 +189,34 @@ TAGMEM_EMU_EXPORT CUresult cuMemsetD8Async(CUdeviceptr dst, unsigned char value,
                                            CUstream stream) {
   TAGMEM_EMU_ENTRY(cuMemsetD8Async);
   return enqueue(copy{copy_kind::memset, dst, 0, count, value}, nullptr, stream);
+}
+
+// The copy kernel's parameters, in order: source (pinned host), destination (device), bytes.
+TAGMEM_EMU_EXPORT CUresult cuLaunchKernel(CUfunction f, unsigned grid_x, unsigned grid_y,
+                                          unsigned grid_z, unsigned block_x, unsigned block_y,
+                                          unsigned block_z, unsigned shared_bytes, CUstream stream,
+                                          void** params, void** extra) {
+  TAGMEM_EMU_ENTRY(cuLaunchKernel);
+  const uint64_t threads = uint64_t{block_x} * block_y * block_z;
+  if (uint64_t{grid_x} * grid_y * grid_z == 0 || threads == 0 || threads > 1024 ||
+      shared_bytes > (48u << 10) || params == nullptr || extra != nullptr)
+    return CUDA_ERROR_INVALID_VALUE;
+  copy c{copy_kind::kernel_from_host, *static_cast<CUdeviceptr*>(params[1]),
+         address(*static_cast<const void**>(params[0])),
+         static_cast<size_t>(*static_cast<unsigned long long*>(params[2]))};
+  target where;
+  {
+    lock held = take_lock();
+    if (CUresult r = resolve_stream(held, stream, &where); r != CUDA_SUCCESS) return r;
+    if (!is_copy_kernel(held, f)) return CUDA_ERROR_INVALID_HANDLE;
+    c.device = where.device;
+  }
+  if (c.bytes == 0) return CUDA_SUCCESS;
+  submit(where, [c]() -> CUresult {
+    if (sticky_error(c.device) != CUDA_SUCCESS) return CUDA_SUCCESS;  // a dead context runs nothing
+    return execute(c);
+  });
+  return CUDA_SUCCESS;
 }
 
 TAGMEM_EMU_EXPORT void tagmem_emu_set_copy_bytes_per_second(uint64_t rate) {
