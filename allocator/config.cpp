@@ -71,6 +71,7 @@ config make_config(const tagmem_config* user) {
   c.swap_background_release = option_choice(option::SWAP_RELEASE) == 0;
   c.recycle = static_cast<recycling>(option_choice(option::RECYCLE_PHYSICAL));
   c.pin_ahead = option_choice(option::PIN_AHEAD) == 0;
+  c.copy_kernel = static_cast<copy_kernel_use>(option_choice(option::COPY_KERNEL));
   check_field(chunk, option::CHUNK_BYTES, c.chunk_bytes);
   check_field(arena, option::ARENA_BYTES, c.arena_bytes);
   TAGMEM_EXPECTS(c.arena_bytes >= c.chunk_bytes, TAGMEM_ERROR_INVALID_ARGUMENT,

@@ -14,6 +14,8 @@ namespace tagmem {
 enum class metadata_allocator { mimalloc, system };
 // TAGMEM_RECYCLE_PHYSICAL (Note [physical recycling] in physical_recycler.hpp).
 enum class recycling { swap, keep, off };
+// TAGMEM_COPY_KERNEL (Note [copy kernel] in kernel_copy.hpp).
+enum class copy_kernel_use { after_release, always, off };
 
 struct config {
   // Each field is the setting of the same name in options.def; make_config fills them in.
@@ -30,6 +32,7 @@ struct config {
   bool swap_background_release = false;
   recycling recycle = recycling::swap;
   bool pin_ahead = true;  // Note [pin ahead] in background_pinning.hpp
+  copy_kernel_use copy_kernel = copy_kernel_use::after_release;
   metadata_allocator metadata = metadata_allocator::mimalloc;
 };
 

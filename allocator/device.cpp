@@ -2,6 +2,7 @@
 #include "device.hpp"
 
 #include "driver/driver.hpp"
+#include "release_clock.hpp"
 
 namespace tagmem {
 
@@ -17,7 +18,7 @@ context_guard::~context_guard() {
   if (switched_) driver::api().cuCtxSetCurrent(previous_);
 }
 
-device::device(int ordinal, const config& cfg) : ordinal_(ordinal) {
+device::device(int ordinal, const config& cfg) : ordinal_(ordinal), kernel_use_(cfg.copy_kernel) {
   int count = 0;
   TAGMEM_CU(cuDeviceGetCount, &count);
   TAGMEM_EXPECTS(ordinal >= 0 && ordinal < count, TAGMEM_ERROR_INVALID_ARGUMENT,
@@ -52,7 +53,11 @@ device::device(int ordinal, const config& cfg) : ordinal_(ordinal) {
       TAGMEM_CU(cuStreamCreate, &s, CU_STREAM_NON_BLOCKING);
       h2d_.push_back(s);
     }
+    // Loaded now rather than at the first reload after a release: the load's cost stays out of
+    // that reload, and the kernel's stream lives as long as the others.
+    if (kernel_use_ != copy_kernel_use::off) kernel_.ready(dev_, ordinal_);
   } catch (...) {
+    kernel_.unload();
     for (CUstream s : d2h_) driver::api().cuStreamDestroy(s);
     for (CUstream s : h2d_) driver::api().cuStreamDestroy(s);
     driver::api().cuDevicePrimaryCtxRelease(dev_);
@@ -69,6 +74,7 @@ device::~device() {
   api.cuCtxSetCurrent(context_);
   for (CUstream s : d2h_) api.cuStreamDestroy(s);
   for (CUstream s : h2d_) api.cuStreamDestroy(s);
+  kernel_.unload();
   for (CUevent e : free_events_) api.cuEventDestroy(e);
   api.cuCtxSetCurrent(previous);
   api.cuDevicePrimaryCtxRelease(dev_);
@@ -80,14 +86,26 @@ device::~device() {
 // wait at once; a transient failure does not leave the copies unattended).
 CUresult device::wait_copy_streams() noexcept {
   CUresult first = CUDA_SUCCESS;
+  auto wait = [&](CUstream s) {
+    CUresult r = driver::api().cuStreamSynchronize(s);
+    if (r != CUDA_SUCCESS) driver::api().cuStreamSynchronize(s);
+    if (first == CUDA_SUCCESS) first = r;
+  };
   for (const auto* list : {&d2h_, &h2d_}) {
-    for (CUstream s : *list) {
-      CUresult r = driver::api().cuStreamSynchronize(s);
-      if (r != CUDA_SUCCESS) driver::api().cuStreamSynchronize(s);
-      if (first == CUDA_SUCCESS) first = r;
-    }
+    for (CUstream s : *list) wait(s);
   }
+  if (CUstream s = kernel_.stream()) wait(s);
   return first;
+}
+
+bool device::copy_kernel_wanted() const noexcept {
+  return kernel_use_ == copy_kernel_use::always ||
+         (kernel_use_ == copy_kernel_use::after_release && release_clock::after_release());
+}
+
+kernel_copy* device::copy_kernel_now() noexcept {
+  if (!copy_kernel_wanted()) return nullptr;
+  return kernel_.ready(dev_, ordinal_) ? &kernel_ : nullptr;
 }
 
 void device::synchronize_copy_streams() {

@@ -13,6 +13,7 @@
 #include <mutex>
 
 #include "config.hpp"
+#include "kernel_copy.hpp"
 #include "metadata_heap.hpp"
 #include "physical_recycler.hpp"
 #include "release_queue.hpp"
@@ -37,7 +38,16 @@ class device {
   // not serialise them with the application's work).
   CUstream d2h_stream(std::size_t i) const noexcept { return d2h_[i % d2h_.size()]; }
   CUstream h2d_stream(std::size_t i) const noexcept { return h2d_[i % h2d_.size()]; }
-  // Waits for all of them, also after one fails; returns the first failure / throws it.
+  std::size_t copy_stream_count() const noexcept { return h2d_.size(); }
+  // The copy kernel (Note [copy kernel]) when this reload should share its copies with it: the
+  // setting and the release clock allow it and the kernel loaded (in the device's context,
+  // which must be current). Null otherwise.
+  kernel_copy* copy_kernel_now() noexcept;
+  // Whether the setting and the release clock want the copy kernel now (a reload that has it
+  // gives it no more pieces once this turns false).
+  bool copy_kernel_wanted() const noexcept;
+  // Waits for all of them (and the copy kernel's stream), also after one fails; returns the
+  // first failure / throws it.
   CUresult wait_copy_streams() noexcept;
   void synchronize_copy_streams();
 
@@ -71,6 +81,8 @@ class device {
   CUmemAllocationProp prop_{};
   CUmemAccessDesc access_{};
   meta_vector<CUstream> d2h_, h2d_;
+  copy_kernel_use kernel_use_;
+  kernel_copy kernel_;
   std::mutex events_mutex_;
   meta_vector<CUevent> free_events_;
   release_queue releases_;

@@ -89,7 +89,8 @@ pinned_slab pin_slab(std::size_t bytes, pin_method how, CUcontext context) {
   context_guard guard(context);
   if (how == pin_method::host_alloc) {
     void* p = nullptr;
-    CUresult r = api.cuMemHostAlloc(&p, bytes, CU_MEMHOSTALLOC_PORTABLE);
+    CUresult r =
+        api.cuMemHostAlloc(&p, bytes, CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP);
     if (r != CUDA_SUCCESS) {
       fail(r == CUDA_ERROR_OUT_OF_MEMORY ? TAGMEM_ERROR_HOST_OUT_OF_MEMORY : TAGMEM_ERROR_DRIVER,
            "cuMemHostAlloc of " + std::to_string(bytes) +
@@ -102,7 +103,8 @@ pinned_slab pin_slab(std::size_t bytes, pin_method how, CUcontext context) {
   // Fault the pages in here (one write per 4 KiB page) rather than inside the driver's single
   // registering thread.
   for (std::size_t off = 0; off < bytes; off += 4096) base[off] = 0;
-  CUresult r = api.cuMemHostRegister(base, bytes, CU_MEMHOSTREGISTER_PORTABLE);
+  CUresult r = api.cuMemHostRegister(base, bytes,
+                                     CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_DEVICEMAP);
   if (r != CUDA_SUCCESS) {
     munmap(base, bytes);
     fail(r == CUDA_ERROR_OUT_OF_MEMORY ? TAGMEM_ERROR_HOST_OUT_OF_MEMORY : TAGMEM_ERROR_DRIVER,

@@ -51,7 +51,11 @@ namespace {
 class pipeline {
  public:
   pipeline(device& dev, tagmem_offload_mode mode, host_store& store, const config& cfg)
-      : dev_(dev), mode_(mode), store_(store), cfg_(cfg), copies_(dev) {}
+      : dev_(dev),
+        mode_(mode),
+        store_(store),
+        cfg_(cfg),
+        copies_(dev, h2d_lanes::share_with_kernel) {}
   pipeline(const pipeline&) = delete;
   pipeline& operator=(const pipeline&) = delete;
 

@@ -5,6 +5,7 @@
 #include "device.hpp"
 #include "driver/driver.hpp"
 #include "error.hpp"
+#include "release_clock.hpp"
 
 namespace tagmem {
 
@@ -76,6 +77,7 @@ CUresult physical_recycler::release_now(std::size_t bytes) noexcept {
       ++it;  // kept: a later attempt may succeed
       continue;
     }
+    release_clock::note(it->first);
     released += it->first;
     bytes_ -= it->first;
     it = kept_.erase(it);
@@ -108,7 +110,10 @@ CUmemGenericAllocationHandle create(device& dev, std::size_t bytes) {
 
 void dispose(device& dev, const physical_part& p, bool recycle) noexcept {
   if (recycle && dev.recycler().put(p)) return;
-  if (driver::api().cuMemRelease(p.handle) == CUDA_SUCCESS) return;
+  if (driver::api().cuMemRelease(p.handle) == CUDA_SUCCESS) {
+    release_clock::note(p.size);
+    return;
+  }
   try {
     dev.releases().push(p.handle, p.size);  // tried again in the background and by every drain
   } catch (...) {  // no memory even for that record: the handle leaks, nothing else is lost

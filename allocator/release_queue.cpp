@@ -4,6 +4,7 @@
 #include "driver/driver.hpp"
 #include "error.hpp"
 #include "observe/trace.hpp"
+#include "release_clock.hpp"
 
 namespace tagmem {
 
@@ -60,6 +61,7 @@ std::size_t release_queue::release_all(meta_vector<item>& batch) noexcept {
   std::size_t released = 0;
   std::erase_if(batch, [&](const item& it) {  // keeps the failures
     if (driver::api().cuMemRelease(it.handle) != CUDA_SUCCESS) return false;
+    release_clock::note(it.bytes);
     released += it.bytes;
     return true;
   });
@@ -81,6 +83,7 @@ CUresult release_queue::drain() noexcept {
       if (first == CUDA_SUCCESS) first = r;
       return false;
     }
+    release_clock::note(it.bytes);
     pending_bytes_ -= it.bytes;
     return true;
   });

@@ -15,6 +15,7 @@
 #include "background_pinning.hpp"
 #include "byte_math.hpp"
 #include "driver/driver.hpp"
+#include "release_clock.hpp"
 #include "tag.hpp"
 
 namespace tagmem {
@@ -138,7 +139,10 @@ void vm_arena::unmap(CUdeviceptr va, unmapped_memory then) {
       }
     }
     r = driver::api().cuMemRelease(p.handle);
-    if (r == CUDA_SUCCESS) continue;
+    if (r == CUDA_SUCCESS) {
+      release_clock::note(p.size);
+      continue;
+    }
     if (first == CUDA_SUCCESS) first = r;
     try {
       dev_.releases().push(p.handle, p.size);  // Note [release later]
