@@ -122,7 +122,8 @@ pinned_buffer::pinned_buffer(std::size_t bytes) {
     for (std::size_t i = 0; i < n; i += 4096) data_[off + i] = 0;
   });
   use_device0();
-  CUresult r = cu().cuMemHostRegister(data_, size_, CU_MEMHOSTREGISTER_PORTABLE);
+  CUresult r = cu().cuMemHostRegister(data_, size_,
+                                      CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_DEVICEMAP);
   if (r != CUDA_SUCCESS) {
     munmap(data_, size_);
     data_ = nullptr;

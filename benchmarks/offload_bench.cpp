@@ -8,7 +8,8 @@
 //                        [--scale=1] [--cycles=5] [--swap-cycles=3] [--small-count=10240]
 //                        [--kv-bytes=60G] [--link-bytes=4G] [--tsv=results.tsv]
 //                        [--link=H2D,D2H,BIDIR]
-//                        [--rl-variants=default,no_pin_ahead,keep,settle,no_kv]
+//                        [--rl-variants=default,copy_engines,kernel_always,no_pin_ahead,
+//                        keep,settle,no_kv]
 //                        [--rl-discard-sweep=1G,2G,4G,8G]
 //
 // --scale multiplies every default size (16.06 GB of weights, 60 GiB of kv cache, 4 GiB for the

@@ -11,6 +11,8 @@
 //   copy                          an H2D copy of --copy bytes from pinned memory in tagmem's copy
 //                                 shape (--piece pieces round-robin over --streams streams): its
 //                                 rate overall and in its first and last quarter
+//   kcopy                         the same bytes copied by tagmem's copy kernel (kernel_copy.hpp),
+//                                 piece after piece on its stream, reported as "copy"
 // Each repeat starts a second after the last one's range was released. Medians of --repeats; the
 // copied bytes are verified.
 //
@@ -24,6 +26,8 @@
 #include <thread>
 
 #include "bench_support.hpp"
+#include "copy_queue.hpp"
+#include "kernel_copy.hpp"
 
 using namespace tagmem::bench;
 
@@ -108,6 +112,7 @@ class h2d_copy {
       BENCH_CU(cuEventCreate, &after_.emplace_back(), CU_EVENT_DEFAULT);
   }
   ~h2d_copy() {
+    kernel_.unload();
     for (CUevent e : after_) cu().cuEventDestroy(e);
     cu().cuEventDestroy(start_);
     for (CUstream s : streams_) cu().cuStreamDestroy(s);
@@ -119,17 +124,27 @@ class h2d_copy {
   struct rates {
     double all, first_quarter, last_quarter;  // GB/s
   };
-  rates run() {
-    BENCH_CU(cuEventRecord, start_, streams_[0]);
-    for (std::size_t i = 1; i < streams_.size(); ++i)
-      BENCH_CU(cuStreamWaitEvent, streams_[i], start_, 0);
+  enum class by { copy_engines, kernel };
+  rates run(by who) {
+    if (who == by::kernel && !kernel_.ready(0, 0)) throw std::runtime_error("no copy kernel");
+    std::vector<CUstream> lanes = streams_;
+    if (who == by::kernel) lanes = {kernel_.stream()};
+    BENCH_CU(cuMemsetD8Async, dst_ + bytes_ - checked_bytes(), 0, checked_bytes(), lanes[0]);
+    BENCH_CU(cuStreamSynchronize, lanes[0]);  // zeroed for verify(), before the clock starts
+    BENCH_CU(cuEventRecord, start_, lanes[0]);
+    for (std::size_t i = 1; i < lanes.size(); ++i) BENCH_CU(cuStreamWaitEvent, lanes[i], start_, 0);
     std::size_t k = 0;
     for (std::size_t off = 0; off < bytes_; off += piece_, ++k) {
-      CUstream s = streams_[k % streams_.size()];
-      BENCH_CU(cuMemcpyHtoDAsync, dst_ + off, src_.data() + off, std::min(piece_, bytes_ - off), s);
+      CUstream s = lanes[k % lanes.size()];
+      const std::size_t n = std::min(piece_, bytes_ - off);
+      if (who == by::kernel) {
+        kernel_.launch({dst_ + off, reinterpret_cast<char*>(src_.data() + off), n});
+      } else {
+        BENCH_CU(cuMemcpyHtoDAsync, dst_ + off, src_.data() + off, n, s);
+      }
       BENCH_CU(cuEventRecord, after_[k], s);
     }
-    for (CUstream s : streams_) BENCH_CU(cuStreamSynchronize, s);
+    for (CUstream s : lanes) BENCH_CU(cuStreamSynchronize, s);
     std::vector<float> at(after_.size());
     for (std::size_t i = 0; i < at.size(); ++i)
       BENCH_CU(cuEventElapsedTime, &at[i], start_, after_[i]);
@@ -141,19 +156,23 @@ class h2d_copy {
     return {bytes_ / double(at.back()) / 1e6, gbps(q, at[q - 1]),
             n > q ? gbps(q, at[n - 1] - at[n - 1 - q]) : 0};
   }
+  // The copy's last checked_bytes() are the source's.
   bool verify() {
-    std::vector<unsigned char> back(std::min<std::size_t>(bytes_, 64u << 20));
+    std::vector<unsigned char> back(checked_bytes());
     BENCH_CU(cuMemcpyDtoH, back.data(), dst_ + bytes_ - back.size(), back.size());
     return std::equal(back.begin(), back.end(), src_.data() + bytes_ - back.size());
   }
 
  private:
+  std::size_t checked_bytes() const { return std::min<std::size_t>(bytes_, 64u << 20); }
+
   pinned_buffer src_;
   std::size_t bytes_, piece_;
   CUdeviceptr dst_ = 0;
   std::vector<CUstream> streams_;
   CUevent start_ = nullptr;
   std::vector<CUevent> after_;
+  tagmem::kernel_copy kernel_;
 };
 
 double ms_of(auto&& f) {
@@ -189,8 +208,9 @@ void run_sequence(const options& o, h2d_copy& copy, const std::string& sequence,
       const std::string label = ++seen[step] > 1 ? step + " " + std::to_string(seen[step]) : step;
       if (step.rfind("sleep", 0) == 0) {
         std::this_thread::sleep_for(std::chrono::milliseconds(std::stoi(step.substr(5))));
-      } else if (step == "copy") {
-        auto rate = copy.run();
+      } else if (step == "copy" || step == "kcopy") {
+        auto rate = copy.run(step == "copy" ? h2d_copy::by::copy_engines : h2d_copy::by::kernel);
+        if (!copy.verify()) throw std::runtime_error("'" + step + "' copied wrong bytes");
         t.all.push_back(rate.all);
         t.first.push_back(rate.first_quarter);
         t.last.push_back(rate.last_quarter);
@@ -226,7 +246,10 @@ const char* const default_sequences =
     "create map use sleep1000 unmap release create map copy;"
     "create map use sleep1000 unmap release sleep1000 create map copy;"
     "create map sleep1000 unmap release sleep1000 create map copy;"
-    "create map use sleep1000 unmap map copy";
+    "create map use sleep1000 unmap map copy;"
+    "kcopy;"
+    "create map use sleep1000 unmap release kcopy;"
+    "create map use sleep1000 unmap release copy";
 
 int main(int argc, char** argv) {
   args a(argc, argv,
@@ -263,7 +286,8 @@ int main(int argc, char** argv) {
         format_bytes(o.copy).c_str(), format_bytes(o.released).c_str(), o.mapping / 1048576.0,
         o.repeats, using_emulator() ? "EMULATED" : "real CUDA");
     h2d_copy copy(o.copy, o.piece, o.streams);
-    copy.run();  // warm-up
+    copy.run(h2d_copy::by::copy_engines);  // warm-up
+    copy.run(h2d_copy::by::kernel);
     for (const std::string& sequence : split(a.str("sequences", default_sequences), ';')) {
       timing t;
       run_sequence(o, copy, sequence, t);

@@ -7,7 +7,10 @@
 // driver, as another process or allocator would need it), resume kv, resume weights. Cycle 1 is
 // reported apart (it pins the host store unless that was pinned ahead); steady is the median of
 // cycles 2..N. The variants, each in a fresh tagmem, are the A/B of each mechanism:
-//   default        what a user gets: pin ahead on (the tags are planned), recycling in swaps
+//   default        what a user gets: pin ahead on (the tags are planned), recycling in swaps, the
+//                  copy kernel beside the copy engines after a release
+//   copy_engines   TAGMEM_COPY_KERNEL=off: every reload copy on the copy engines
+//   kernel_always  TAGMEM_COPY_KERNEL=always: the copy kernel shares every reload
 //   no_pin_ahead   TAGMEM_PIN_AHEAD=off: cycle 1 pins during the first offload
 //   keep           TAGMEM_RECYCLE_PHYSICAL=keep and no wait for the release: physical memory stays
 //                  in the process and the resumes map it again (one process holds both sides)
@@ -179,6 +182,8 @@ std::vector<std::string> split(const std::string& list) {
 void run_rl_cycle(env& e) {
   std::vector<variant> all = {
       {"default", {}, true, true, 0},
+      {"copy_engines", {{"TAGMEM_COPY_KERNEL", "off"}}, true, true, 0},
+      {"kernel_always", {{"TAGMEM_COPY_KERNEL", "always"}}, true, true, 0},
       {"no_pin_ahead", {{"TAGMEM_PIN_AHEAD", "off"}}, true, true, 0},
       {"keep", {{"TAGMEM_RECYCLE_PHYSICAL", "keep"}}, true, false, 0},
       {"settle", {}, true, true, 500},

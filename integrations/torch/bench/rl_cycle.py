@@ -42,10 +42,18 @@ def saver_for(method, hook_mode):
         os.environ["TMS_RETAIN_CPU_BACKUP"] = "1"
     from torch_memory_saver import torch_memory_saver as saver
 
-    if hook_mode and hasattr(saver, "hook_mode"):
-        saver.hook_mode = hook_mode
-    if method == "tms_retain" and hasattr(saver, "retain_cpu_backup"):
-        saver.retain_cpu_backup = True
+    # Not hasattr(): torch_memory_saver's hook_mode getter raises, and its retain_cpu_backup
+    # getter initialises the saver (in the default hook mode) before the mode is set.
+    if hook_mode:
+        try:
+            saver.hook_mode = hook_mode
+        except AttributeError:  # a version without the setting
+            pass
+    if method == "tms_retain":
+        try:
+            saver.retain_cpu_backup = True
+        except AttributeError:  # a version that reads TMS_RETAIN_CPU_BACKUP only
+            pass
     return saver
 
 
