@@ -16,6 +16,11 @@
 #                                 varied
 #   6. tagmem_bench_random_allocations   cuMemAllocAsync vs tagmem with mimalloc
 #                                 or system metadata
+#   7. the RL cycle               tagmem_bench_offload's rl_cycle, one process per variant, the
+#                                 copy kernel's A/B alternated twice, then keep, kernel_always and
+#                                 no_kv; rl_two_process with and without the copy kernel; and
+#                                 tagmem_bench_release_aftermath's copy against kcopy after a
+#                                 release ("RL cycle", "After a release")
 #
 # Every scenario runner's --tsv=<name>.tsv also writes <name>.json beside it, in the shape of
 # Google Benchmark's --benchmark_out JSON (random_allocations.json), for plots and docs.
@@ -23,7 +28,7 @@
 # Knobs (environment):
 #   TAGMEM_LIBCUDA        set: run on that driver (the emulator); the defaults then shrink
 #   TAGMEM_BENCH_SCALE    size factor (default 1 on a GPU, 0.01 with TAGMEM_LIBCUDA set)
-#   TAGMEM_GPU_RUN_SKIP   comma list of parts to skip: pinning,vmm,offload,anatomy,sweeps,random
+#   TAGMEM_GPU_RUN_SKIP   comma list of parts to skip: pinning,vmm,offload,anatomy,sweeps,random,rl
 # The programs need libbenchmark.so and libmimalloc.so.2 where the loader finds them (e.g. a lib
 # folder on LD_LIBRARY_PATH); nothing else outside <build-dir>.
 set -uo pipefail
@@ -37,7 +42,7 @@ out=$2
 mkdir -p "$out" && out=$(cd "$out" && pwd) || exit 2
 bench="$build/benchmarks"
 for b in tagmem_bench_pinning tagmem_bench_vmm tagmem_bench_offload tagmem_bench_link_anatomy \
-    tagmem_bench_random_allocations; do
+    tagmem_bench_random_allocations tagmem_bench_release_aftermath; do
   [[ -x "$bench/$b" ]] || { echo "missing $bench/$b: build the benchmarks first" >&2; exit 2; }
 done
 
@@ -129,6 +134,26 @@ if wanted random; then
   fi
 fi
 
+if wanted rl; then
+  # Each variant in a process of its own: a variant that follows another in one process inherits
+  # its pinned store and the driver's state after its releases.
+  n=0
+  for v in copy_engines default copy_engines default keep kernel_always no_kv; do
+    n=$((n + 1))
+    run "rl_${n}_$v" "$bench/tagmem_bench_offload" --scale="$scale" --cycles=5 \
+      --scenarios=raw,rl_cycle --rl-variants="$v" --tsv="$out/rl_${n}_$v.tsv"
+  done
+  for k in after_release off; do
+    run "rl_two_$k" env TAGMEM_COPY_KERNEL=$k "$bench/tagmem_bench_offload" --scale="$scale" \
+      --cycles=5 --scenarios=raw,rl_two_process --tsv="$out/rl_two_$k.tsv"
+  done
+  after="create map use sleep1000 unmap release"
+  run aftermath "$bench/tagmem_bench_release_aftermath" --copy="$(mib 16384 64)" \
+    --released="$(mib 61440 256)" --mapping="$(mib 16384 64)" --repeats=2 \
+    --sequences="copy;kcopy;$after copy;$after kcopy;$after sleep250 copy" \
+    --tsv="$out/aftermath.tsv"
+fi
+
 # ---- summary -----------------------------------------------------------------------------
 echo
 echo "################ tagmem GPU benchmark summary ################"
@@ -148,6 +173,11 @@ for f in "$out"/sweep_*.tsv; do
   n=$(basename "$f" .tsv)
   show_tsv "$n" "$f" 'steady|cycle 1 /|offload ms|reload ms|swap /|ERROR'
 done
+for f in "$out"/rl_*.tsv; do
+  [[ -f $f ]] || continue
+  show_tsv "$(basename "$f" .tsv)" "$f" 'steady|ceiling|ERROR'
+done
+show_tsv "release aftermath (copy engines against the copy kernel)" "$out/aftermath.tsv"
 show_tsv "pinning $pin_bytes (time to pin; copy rates into the pinned memory)" "$out/pinning.tsv"
 show_tsv "vmm costs over $vmm_bytes" "$out/vmm.tsv" 'us per chunk|ms all|one |threads'
 show_tsv "vmm costs over 60 GiB" "$out/vmm_kv.tsv" 'us per chunk|ms all|one |threads|never'
