@@ -2,6 +2,7 @@
 // engines (Note [copy kernel] in kernel_copy.hpp, Note [release aftermath] in release_clock.hpp).
 // The CopyKernel suite runs on both drivers (on a GPU the real kernel moves the bytes);
 // EmulatorCopyKernel counts launches and makes every driver call of such a reload fail once.
+#include <chrono>
 #include <string>
 
 #include "release_clock.hpp"
@@ -73,6 +74,31 @@ TEST_F(CopyKernel, OffAndAfterReleaseReloadEveryByte) {
     release_clock::reset();
     for (const filled& a : all) TAGMEM_OK(tagmem_free(a.ptr, nullptr));
   }
+}
+
+// Note [release aftermath]'s arithmetic, with margins of hundreds of milliseconds for a slow run.
+TEST(ReleaseClock, OwesTimeByTheGiBCountsAboveItsFloorAndCaps) {
+  using std::chrono::milliseconds;
+  constexpr std::size_t GiB = std::size_t{1} << 30;
+  release_clock::reset();
+  EXPECT_EQ(release_clock::owed().count(), 0);
+  EXPECT_FALSE(release_clock::after_release());
+  release_clock::note(GiB / 2 - 1);  // rounds down to whole MiB: 511 MiB owe 7.98 ms
+  EXPECT_LE(release_clock::owed(), milliseconds(8));
+  release_clock::reset();
+  release_clock::note(16 * GiB);  // 256 ms: below the 24 GiB floor
+  EXPECT_GT(release_clock::owed(), milliseconds(0));
+  EXPECT_LE(release_clock::owed(), release_clock::time_per_gib * 16);
+  EXPECT_FALSE(release_clock::after_release());
+  release_clock::note(44 * GiB);  // added to what is still owed: 60 GiB, 960 ms
+  EXPECT_TRUE(release_clock::after_release());
+  EXPECT_GT(release_clock::owed(), release_clock::least);
+  EXPECT_LE(release_clock::owed(), release_clock::time_per_gib * 60);
+  release_clock::note(std::size_t{1} << 48);  // no overflow; never more than `longest`
+  EXPECT_LE(release_clock::owed(), release_clock::longest);
+  EXPECT_GT(release_clock::owed(), release_clock::longest - milliseconds(500));
+  release_clock::reset();
+  EXPECT_FALSE(release_clock::after_release());
 }
 
 using EmulatorCopyKernel = tagmem_test;
