@@ -84,17 +84,19 @@ void copy_queue::to_device(const backup_piece& p, const char* tag) {
   hand_out();
 }
 
-// Drops the lane's finished pieces from its count.
+// Drops the lane's finished pieces from its count. The events given back to the device leave
+// the list before a failed query is thrown, so that none is given back twice.
 void copy_queue::retire(lane& l) {
   const auto& api = driver::api();
   std::size_t done = 0;
+  CUresult r = CUDA_SUCCESS;
   for (; done < l.in_flight.size(); ++done) {
-    CUresult r = api.cuEventQuery(l.in_flight[done]);
-    if (r == CUDA_ERROR_NOT_READY) break;
-    driver::check(r, "cuEventQuery");
+    r = api.cuEventQuery(l.in_flight[done]);
+    if (r != CUDA_SUCCESS) break;
     dev_.release_event(l.in_flight[done]);
   }
   l.in_flight.erase(l.in_flight.begin(), l.in_flight.begin() + static_cast<std::ptrdiff_t>(done));
+  if (r != CUDA_ERROR_NOT_READY) driver::check(r, "cuEventQuery");
 }
 
 // Gives waiting pieces to the lanes with room; returns whether it gave any. A failure is kept

@@ -2,7 +2,9 @@
 // engines (Note [copy kernel] in kernel_copy.hpp, Note [release aftermath] in release_clock.hpp).
 // The CopyKernel suite runs on both drivers (on a GPU the real kernel moves the bytes);
 // EmulatorCopyKernel counts launches and makes every driver call of such a reload fail once.
+#include <algorithm>
 #include <chrono>
+#include <optional>
 #include <string>
 
 #include "release_clock.hpp"
@@ -14,10 +16,13 @@ namespace {
 constexpr std::size_t MiB = 1u << 20;
 const char* weights[] = {"weights"};
 
-// Shuts tagmem down and starts it again with TAGMEM_COPY_KERNEL=`use`.
-void restart_with(const char* use) {
+// Shuts tagmem down and starts it again with TAGMEM_COPY_KERNEL=`use` (and copy pieces of
+// `piece` bytes, the default when null).
+void restart_with(const char* use, const char* piece = nullptr) {
   ASSERT_EQ(tagmem_shutdown(), TAGMEM_SUCCESS) << tagmem_last_error();
   scoped_env env("TAGMEM_COPY_KERNEL", use);
+  std::optional<scoped_env> pieces;
+  if (piece) pieces.emplace("TAGMEM_COPY_PIECE_BYTES", piece);
   ASSERT_EQ(tagmem_init(nullptr), TAGMEM_SUCCESS) << tagmem_last_error();
 }
 
@@ -213,6 +218,36 @@ TEST_F(EmulatorCopyKernel, EachCallOfASharedReloadFailingLosesNothing) {
   }
   EXPECT_GT(failed, 0u);
   for (const filled& a : all) TAGMEM_OK(tagmem_free(a.ptr, nullptr));
+}
+
+// A query of a piece's event that fails after the queries before it succeeded (those events went
+// back to the device's pool) gives no event back twice: at shutdown each one is destroyed once.
+TEST_F(EmulatorCopyKernel, AFailedQueryGivesEveryEventBackOnce) {
+  restart_with("always", "1MiB");  // many pieces: lanes full, finished ones queried in turn
+  const std::uint64_t created = emulator().call_count("cuEventCreate");
+  const std::uint64_t destroyed = emulator().call_count("cuEventDestroy");
+  auto rng = rng_for_test();
+  auto all = weights_of(rng, weights_size::small);
+  TAGMEM_OK(tagmem_offload(weights, 1, 0, TAGMEM_BACKUP));
+  std::uint64_t queries = emulator().call_count("cuEventQuery");
+  TAGMEM_OK(tagmem_reload(weights, 1, 0));
+  queries = emulator().call_count("cuEventQuery") - queries;
+  ASSERT_GT(queries, 20u);
+  // The first queries of a reload: enough for lanes that hold finished and running pieces.
+  for (std::uint64_t n = 1; n <= std::min<std::uint64_t>(queries, 40); ++n) {
+    TAGMEM_OK(tagmem_offload(weights, 1, 0, TAGMEM_BACKUP));
+    ASSERT_EQ(emulator().fail_call("cuEventQuery", n, CUDA_ERROR_UNKNOWN), 0);
+    const tagmem_status s = tagmem_reload(weights, 1, 0);
+    emulator().clear_faults();
+    if (s != TAGMEM_SUCCESS) TAGMEM_OK(tagmem_reload(weights, 1, 0));
+    ASSERT_EQ(corrupted(all), 0u) << "query " << n;
+  }
+  for (const filled& a : all) TAGMEM_OK(tagmem_free(a.ptr, nullptr));
+  TAGMEM_OK(tagmem_shutdown());
+  EXPECT_GT(emulator().call_count("cuEventCreate") - created, 0u) << queries << " queries";
+  EXPECT_EQ(emulator().call_count("cuEventDestroy") - destroyed,
+            emulator().call_count("cuEventCreate") - created);
+  TAGMEM_OK(tagmem_init(nullptr));
 }
 
 }  // namespace
