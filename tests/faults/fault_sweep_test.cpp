@@ -312,7 +312,11 @@ class FaultSweep : public ::testing::Test {
         continue;
       }
       const std::uint64_t calls = clean.calls[e];
-      if (!entries.empty() && !warm) {  // warm, the arena and host store exist already
+      // Warm, the arena and host store exist already; and whether the pipeline polls or waits for
+      // its copies at all depends on when they finish (Note [call counts vary]).
+      const bool timed = std::strcmp(entry, "cuEventSynchronize") == 0 ||
+                         std::strcmp(entry, "cuEventQuery") == 0;
+      if (!entries.empty() && !warm && !timed) {
         EXPECT_GT(calls, 0u) << "the cycle never calls " << entry;
       }
       miss_count misses;
