@@ -57,10 +57,13 @@ std::atomic_ref<std::int64_t> until_ns() noexcept {
   return std::atomic_ref<std::int64_t>(shared ? *shared : local);
 }
 
+std::atomic<std::uint64_t> noted{0};  // bytes_noted()
+
 }  // namespace
 
 void note(std::size_t bytes) noexcept {
   using std::chrono::nanoseconds;
+  noted.fetch_add(bytes, std::memory_order_relaxed);
   // In MiB first: bytes * ns would overflow for the largest releases.
   const std::int64_t owed =
       static_cast<std::int64_t>(bytes >> 20) * nanoseconds(time_per_gib).count() / 1024;
@@ -81,6 +84,8 @@ std::chrono::nanoseconds owed() noexcept {
 }
 
 bool after_release() noexcept { return owed() > least; }
+
+std::uint64_t bytes_noted() noexcept { return noted.load(std::memory_order_relaxed); }
 
 void reset() noexcept { until_ns().store(0, std::memory_order_relaxed); }
 

@@ -18,6 +18,7 @@
 
 #include <chrono>
 #include <cstddef>
+#include <cstdint>
 
 namespace tagmem::release_clock {
 
@@ -34,6 +35,8 @@ void note(std::size_t bytes) noexcept;
 std::chrono::nanoseconds owed() noexcept;
 // Whether more than `least` is owed.
 bool after_release() noexcept;
+// Bytes this process has counted with note() (for tests: they need no clock).
+std::uint64_t bytes_noted() noexcept;
 // Forgets every release, this user's other processes' too (for tests).
 void reset() noexcept;
 
