@@ -314,8 +314,8 @@ class FaultSweep : public ::testing::Test {
       const std::uint64_t calls = clean.calls[e];
       // Warm, the arena and host store exist already; and whether the pipeline polls or waits for
       // its copies at all depends on when they finish (Note [call counts vary]).
-      const bool timed = std::strcmp(entry, "cuEventSynchronize") == 0 ||
-                         std::strcmp(entry, "cuEventQuery") == 0;
+      const bool timed =
+          std::strcmp(entry, "cuEventSynchronize") == 0 || std::strcmp(entry, "cuEventQuery") == 0;
       if (!entries.empty() && !warm && !timed) {
         EXPECT_GT(calls, 0u) << "the cycle never calls " << entry;
       }
