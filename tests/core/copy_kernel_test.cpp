@@ -26,19 +26,6 @@ void restart_with(const char* use, const char* piece = nullptr) {
   ASSERT_EQ(tagmem_init(nullptr), TAGMEM_SUCCESS) << tagmem_last_error();
 }
 
-void refill(std::mt19937_64& rng, std::vector<filled>& all) {
-  for (filled& a : all) {
-    a.bytes = random_bytes(rng, a.bytes.size());
-    write_device(a.ptr, a.bytes.data(), a.bytes.size());
-  }
-}
-
-tagmem_tag_state state_of(const char* tag) {
-  tagmem_tag_stats s{};
-  EXPECT_EQ(tagmem_tag_stats_get(tag, 0, &s), TAGMEM_SUCCESS) << tagmem_last_error();
-  return s.state;
-}
-
 // Weights in allocations of several sizes (pieces of 64 MiB, and shorter ones where a mapping or
 // a host extent ends); `small` ones for the sweeps, which reload once per driver call.
 enum class weights_size { full, small };

@@ -18,12 +18,6 @@ namespace {
 
 constexpr std::size_t MiB = 1u << 20;
 
-tagmem_tag_state state_of(const char* tag) {
-  tagmem_tag_stats s{};
-  EXPECT_EQ(tagmem_tag_stats_get(tag, 0, &s), TAGMEM_SUCCESS) << tagmem_last_error();
-  return s.state;
-}
-
 tagmem_device_stats device_stats() {
   tagmem_device_stats s{};
   EXPECT_EQ(tagmem_device_stats_get(0, &s), TAGMEM_SUCCESS) << tagmem_last_error();

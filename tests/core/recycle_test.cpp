@@ -27,12 +27,6 @@ tagmem_device_stats device_stats() {
   return ds;
 }
 
-tagmem_tag_state state_of(const char* tag) {
-  tagmem_tag_stats s{};
-  EXPECT_EQ(tagmem_tag_stats_get(tag, 0, &s), TAGMEM_SUCCESS) << tagmem_last_error();
-  return s.state;
-}
-
 // Shuts tagmem down and starts it again with TAGMEM_RECYCLE_PHYSICAL=`mode`.
 void restart_recycling(const char* mode) {
   ASSERT_EQ(tagmem_shutdown(), TAGMEM_SUCCESS) << tagmem_last_error();
@@ -53,13 +47,6 @@ sides two_sides(std::mt19937_64& rng, std::size_t unit = 48 * MiB) {
   EXPECT_EQ(tagmem_offload(eng, 1, 0, TAGMEM_BACKUP), TAGMEM_SUCCESS) << tagmem_last_error();
   s.trainer = fill(rng, "trainer", 4, unit);
   return s;
-}
-
-void refill(std::mt19937_64& rng, std::vector<filled>& all) {
-  for (filled& a : all) {
-    a.bytes = random_bytes(rng, a.bytes.size());
-    write_device(a.ptr, a.bytes.data(), a.bytes.size());
-  }
 }
 
 void free_all(const std::vector<filled>& all) {

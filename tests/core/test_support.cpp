@@ -93,6 +93,19 @@ std::vector<filled> fill(std::mt19937_64& rng, const char* tag, int count, std::
   return out;
 }
 
+void refill(std::mt19937_64& rng, std::vector<filled>& all) {
+  for (filled& a : all) {
+    a.bytes = random_bytes(rng, a.bytes.size());
+    write_device(a.ptr, a.bytes.data(), a.bytes.size());
+  }
+}
+
+tagmem_tag_state state_of(const char* tag) {
+  tagmem_tag_stats s{};
+  EXPECT_EQ(tagmem_tag_stats_get(tag, 0, &s), TAGMEM_SUCCESS) << tagmem_last_error();
+  return s.state;
+}
+
 std::size_t corrupted(const std::vector<filled>& all) {
   std::size_t bad = 0;
   for (const auto& a : all) bad += read_device(a.ptr, a.bytes.size()) != a.bytes;

@@ -64,6 +64,10 @@ struct filled {
 std::vector<filled> fill(std::mt19937_64& rng, const char* tag, int count, std::size_t size);
 // How many of `all` no longer hold their bytes.
 std::size_t corrupted(const std::vector<filled>& all);
+// Writes fresh random bytes to each of `all` (and keeps them for corrupted()).
+void refill(std::mt19937_64& rng, std::vector<filled>& all);
+// The state of `tag` on device 0 (fails the test if its statistics cannot be read).
+tagmem_tag_state state_of(const char* tag);
 
 // The driver table tagmem loaded (valid once tagmem is initialised).
 inline const driver::table& driver_api_for_tests() { return driver::api(); }
