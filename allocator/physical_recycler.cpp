@@ -71,13 +71,12 @@ CUresult physical_recycler::release_now(std::size_t bytes) noexcept {
   CUresult first = CUDA_SUCCESS;
   std::lock_guard lock(mutex_);
   for (auto it = kept_.begin(); it != kept_.end() && released < bytes;) {
-    CUresult r = driver::api().cuMemRelease(it->second);
+    CUresult r = release_clock::release(it->second, it->first);
     if (r != CUDA_SUCCESS) {
       if (first == CUDA_SUCCESS) first = r;
       ++it;  // kept: a later attempt may succeed
       continue;
     }
-    release_clock::note(it->first);
     released += it->first;
     bytes_ -= it->first;
     it = kept_.erase(it);
@@ -110,10 +109,7 @@ CUmemGenericAllocationHandle create(device& dev, std::size_t bytes) {
 
 void dispose(device& dev, const physical_part& p, bool recycle) noexcept {
   if (recycle && dev.recycler().put(p)) return;
-  if (driver::api().cuMemRelease(p.handle) == CUDA_SUCCESS) {
-    release_clock::note(p.size);
-    return;
-  }
+  if (release_clock::release(p.handle, p.size) == CUDA_SUCCESS) return;
   try {
     dev.releases().push(p.handle, p.size);  // tried again in the background and by every drain
   } catch (...) {  // no memory even for that record: the handle leaks, nothing else is lost

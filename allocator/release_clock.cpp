@@ -12,6 +12,7 @@
 #include <cstring>
 #include <string>
 
+#include "driver/driver.hpp"
 #include "options.hpp"
 
 namespace tagmem::release_clock {
@@ -60,6 +61,12 @@ std::atomic_ref<std::int64_t> until_ns() noexcept {
 std::atomic<std::uint64_t> noted{0};  // bytes_noted()
 
 }  // namespace
+
+CUresult release(CUmemGenericAllocationHandle handle, std::size_t bytes) noexcept {
+  const CUresult r = driver::api().cuMemRelease(handle);
+  if (r == CUDA_SUCCESS) note(bytes);
+  return r;
+}
 
 void note(std::size_t bytes) noexcept {
   using std::chrono::nanoseconds;

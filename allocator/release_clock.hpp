@@ -16,6 +16,8 @@
 // to the kernel that the copy engines would have done as fast.
 #pragma once
 
+#include <cuda.h>
+
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -29,6 +31,9 @@ inline constexpr std::chrono::milliseconds longest{2000};
 // Copies count as after a release only while more than this is owed (24 GiB's worth).
 inline constexpr std::chrono::milliseconds least = time_per_gib * 24;
 
+// cuMemRelease of `handle`, `bytes` long; when it succeeds the bytes are noted. The releases of
+// a tag's memory (inline, by the release thread, by the recycler) go through here.
+CUresult release(CUmemGenericAllocationHandle handle, std::size_t bytes) noexcept;
 // Counts `bytes` that cuMemRelease has just given back to the driver.
 void note(std::size_t bytes) noexcept;
 // The time still owed for releases (0 when none is).

@@ -60,8 +60,7 @@ std::size_t release_queue::release_all(meta_vector<item>& batch) noexcept {
   trace::span span("release");
   std::size_t released = 0;
   std::erase_if(batch, [&](const item& it) {  // keeps the failures
-    if (driver::api().cuMemRelease(it.handle) != CUDA_SUCCESS) return false;
-    release_clock::note(it.bytes);
+    if (release_clock::release(it.handle, it.bytes) != CUDA_SUCCESS) return false;
     released += it.bytes;
     return true;
   });
@@ -77,13 +76,12 @@ CUresult release_queue::drain() noexcept {
   CUresult first = CUDA_SUCCESS;
   std::erase_if(failed_, [&](const item& it) {
     // Twice, so that a transient failure costs the same whichever thread met it first.
-    CUresult r = driver::api().cuMemRelease(it.handle);
-    if (r != CUDA_SUCCESS) r = driver::api().cuMemRelease(it.handle);
+    CUresult r = release_clock::release(it.handle, it.bytes);
+    if (r != CUDA_SUCCESS) r = release_clock::release(it.handle, it.bytes);
     if (r != CUDA_SUCCESS) {
       if (first == CUDA_SUCCESS) first = r;
       return false;
     }
-    release_clock::note(it.bytes);
     pending_bytes_ -= it.bytes;
     return true;
   });

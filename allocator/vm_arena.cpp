@@ -138,11 +138,8 @@ void vm_arena::unmap(CUdeviceptr va, unmapped_memory then) {
       } catch (...) {  // the thread cannot take it: release it here
       }
     }
-    r = driver::api().cuMemRelease(p.handle);
-    if (r == CUDA_SUCCESS) {
-      release_clock::note(p.size);
-      continue;
-    }
+    r = release_clock::release(p.handle, p.size);
+    if (r == CUDA_SUCCESS) continue;
     if (first == CUDA_SUCCESS) first = r;
     try {
       dev_.releases().push(p.handle, p.size);  // Note [release later]
