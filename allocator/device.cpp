@@ -55,7 +55,7 @@ device::device(int ordinal, const config& cfg) : ordinal_(ordinal), kernel_use_(
     }
     // Loaded now rather than at the first reload after a release: the load's cost stays out of
     // that reload, and the kernel's stream lives as long as the others.
-    if (kernel_use_ != copy_kernel_use::off) kernel_.ready(dev_, ordinal_);
+    if (kernel_use_ != copy_kernel_use::off) kernel_.load(dev_, ordinal_);
   } catch (...) {
     kernel_.unload();
     for (CUstream s : d2h_) driver::api().cuStreamDestroy(s);
@@ -104,8 +104,7 @@ bool device::copy_kernel_wanted() const noexcept {
 }
 
 kernel_copy* device::copy_kernel_now() noexcept {
-  if (!copy_kernel_wanted()) return nullptr;
-  return kernel_.ready(dev_, ordinal_) ? &kernel_ : nullptr;
+  return copy_kernel_wanted() && kernel_.stream() != nullptr ? &kernel_ : nullptr;
 }
 
 void device::synchronize_copy_streams() {

@@ -40,8 +40,7 @@ class device {
   CUstream h2d_stream(std::size_t i) const noexcept { return h2d_[i % h2d_.size()]; }
   std::size_t copy_stream_count() const noexcept { return h2d_.size(); }
   // The copy kernel (Note [copy kernel]) when this reload should share its copies with it: the
-  // setting and the release clock allow it and the kernel loaded (in the device's context,
-  // which must be current). Null otherwise.
+  // setting and the release clock allow it and the kernel loaded. Null otherwise.
   kernel_copy* copy_kernel_now() noexcept;
   // Whether the setting and the release clock want the copy kernel now (a reload that has it
   // gives it no more pieces once this turns false).

@@ -22,22 +22,20 @@ constexpr unsigned threads_per_block = 256;
 
 }  // namespace
 
-bool kernel_copy::ready(CUdevice dev, int ordinal) noexcept {
-  std::call_once(once_, [&] {
-    try {
-      load(dev, ordinal);
-    } catch (const std::exception& e) {
-      unload();
-      if (logging(log_level::info)) {
-        log_line("copy kernel unavailable on device " + std::to_string(ordinal) +
-                 ", copy engines only: " + e.what());
-      }
+bool kernel_copy::load(CUdevice dev, int ordinal) noexcept {
+  try {
+    load_or_throw(dev, ordinal);
+  } catch (const std::exception& e) {
+    unload();
+    if (logging(log_level::info)) {
+      log_line("copy kernel unavailable on device " + std::to_string(ordinal) +
+               ", copy engines only: " + e.what());
     }
-  });
-  return stream() != nullptr;
+  }
+  return stream_ != nullptr;
 }
 
-void kernel_copy::load(CUdevice dev, int ordinal) {
+void kernel_copy::load_or_throw(CUdevice dev, int ordinal) {
   TAGMEM_EXPECTS(kernel_copy_image_size != 0, TAGMEM_ERROR_DRIVER,
                  "libtagmem was built without nvcc");
   int unified = 0, host_pointer = 0, sms = 0;
@@ -53,7 +51,7 @@ void kernel_copy::load(CUdevice dev, int ordinal) {
   CUstream s = nullptr;
   TAGMEM_CU(cuStreamCreate, &s, CU_STREAM_NON_BLOCKING);
   grid_ = static_cast<unsigned>(sms);
-  stream_.store(s, std::memory_order_release);  // last: a non-null stream means ready
+  stream_ = s;  // last: a non-null stream means loaded
 }
 
 void kernel_copy::launch(const backup_piece& p) {
@@ -67,7 +65,8 @@ void kernel_copy::launch(const backup_piece& p) {
 
 void kernel_copy::unload() noexcept {
   const auto& api = driver::api();
-  if (CUstream s = stream_.exchange(nullptr)) api.cuStreamDestroy(s);
+  if (stream_ != nullptr) api.cuStreamDestroy(stream_);
+  stream_ = nullptr;
   if (module_ != nullptr) api.cuModuleUnload(module_);
   module_ = nullptr;
   function_ = nullptr;

@@ -16,9 +16,6 @@
 
 #include <cuda.h>
 
-#include <atomic>
-#include <mutex>
-
 namespace tagmem {
 
 struct backup_piece;
@@ -29,26 +26,25 @@ class kernel_copy {
   kernel_copy(const kernel_copy&) = delete;
   kernel_copy& operator=(const kernel_copy&) = delete;
 
-  // Loads the kernel and creates its stream on the first call (device.cpp makes it when the
-  // device is set up), in the current context (the device's); returns whether the kernel can be
-  // used. A failure is not tried again. Thread-safe.
-  bool ready(CUdevice dev, int ordinal) noexcept;
-  // Queues the copy of `p` (host to device) on stream(). Only after ready() returned true.
+  // Loads the kernel and creates its stream in the current context (the device's); returns
+  // whether the kernel can be used. Called once, before other threads can see the object
+  // (device.cpp does it when it sets the device up); a failure is logged and leaves stream() null.
+  bool load(CUdevice dev, int ordinal) noexcept;
+  // Queues the copy of `p` (host to device) on stream(). Only after load() returned true.
   // Throws DRIVER.
   void launch(const backup_piece& p);
-  // Null until loaded.
-  CUstream stream() const noexcept { return stream_.load(std::memory_order_acquire); }
+  // Null unless loaded.
+  CUstream stream() const noexcept { return stream_; }
 
   // Destroys the stream and unloads the module; the device's context must be current.
   void unload() noexcept;
 
  private:
-  void load(CUdevice dev, int ordinal);
+  void load_or_throw(CUdevice dev, int ordinal);
 
-  std::once_flag once_;
   CUmodule module_ = nullptr;
   CUfunction function_ = nullptr;
-  std::atomic<CUstream> stream_{nullptr};  // read by threads that wait for the copy streams
+  CUstream stream_ = nullptr;
   unsigned grid_ = 0;
 };
 

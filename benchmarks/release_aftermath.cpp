@@ -110,6 +110,7 @@ class h2d_copy {
     BENCH_CU(cuEventCreate, &start_, CU_EVENT_DEFAULT);
     for (std::size_t off = 0; off < bytes; off += piece)
       BENCH_CU(cuEventCreate, &after_.emplace_back(), CU_EVENT_DEFAULT);
+    kernel_.load(0, 0);  // device 0, current since the source was pinned
   }
   ~h2d_copy() {
     kernel_.unload();
@@ -126,7 +127,8 @@ class h2d_copy {
   };
   enum class by { copy_engines, kernel };
   rates run(by who) {
-    if (who == by::kernel && !kernel_.ready(0, 0)) throw std::runtime_error("no copy kernel");
+    if (who == by::kernel && kernel_.stream() == nullptr)
+      throw std::runtime_error("no copy kernel");
     std::vector<CUstream> lanes = streams_;
     if (who == by::kernel) lanes = {kernel_.stream()};
     BENCH_CU(cuMemsetD8Async, dst_ + bytes_ - checked_bytes(), 0, checked_bytes(), lanes[0]);
