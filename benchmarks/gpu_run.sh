@@ -114,7 +114,7 @@ if wanted sweeps; then
   }
   for p in 16M 256M; do sweep "piece_$p" TAGMEM_COPY_PIECE_BYTES=$p weights_prepinned; done
   for m in 256M 4G; do sweep "maxmap_$m" TAGMEM_MAX_MAPPING_BYTES=$m weights_prepinned; done
-  for m in 1G 4G 64G; do sweep "discard_map_$m" TAGMEM_DISCARD_MAPPING_BYTES=$m kv; done
+  for m in 4G 16G 64G; do sweep "discard_map_$m" TAGMEM_DISCARD_MAPPING_BYTES=$m kv; done
   for c in 8M 32M; do sweep "chunk_$c" TAGMEM_CHUNK_BYTES=$c many_small; done
   sweep pin_host_alloc TAGMEM_HOST_PIN=host_alloc weights
   # The out-side of a swap released while its copies run, against the default (after them, on
