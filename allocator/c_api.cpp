@@ -256,6 +256,7 @@ tagmem_status tagmem_tag_plan_offload(const char* tag, int device, tagmem_offloa
 tagmem_status tagmem_release_physical(int device) {
   return guarded([&](registry& r) {
     tagmem::device& d = r.dev(r.resolve_device(device));
+    context_guard guard(d.context());  // parked mappings are unmapped first
     d.recycler().release_all(d.releases());
   });
 }

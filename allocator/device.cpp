@@ -66,12 +66,12 @@ device::device(int ordinal, const config& cfg) : ordinal_(ordinal), kernel_use_(
 }
 
 device::~device() {
-  recycler_.release_all(releases_);
-  releases_.drain();  // while the context is still retained
   const auto& api = driver::api();
   CUcontext previous = nullptr;
   api.cuCtxGetCurrent(&previous);
   api.cuCtxSetCurrent(context_);
+  recycler_.release_all(releases_);  // parked mappings are unmapped first
+  releases_.drain();                 // while the context is still retained
   for (CUstream s : d2h_) api.cuStreamDestroy(s);
   for (CUstream s : h2d_) api.cuStreamDestroy(s);
   kernel_.unload();

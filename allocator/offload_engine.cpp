@@ -29,10 +29,11 @@
 // therefore has few large mappings, whatever the number of its allocations. Runs are cut only at
 // old mapping boundaries, so every segment stays inside one mapping (block_pool::release_cached
 // relies on that). A BACKUP tag's runs stay at 1 GiB so that copies start while later runs are
-// still being mapped; a DISCARD tag has nothing to copy, and its runs go up to
-// discard_mapping_bytes, since fewer, larger runs reload faster (docs/performance.md, "kv cache
-// (DISCARD)"). The price: memory inside a large mapping goes back to the driver (empty_cache) only
-// once all of it is free.
+// still being mapped. A DISCARD tag has nothing to copy; its runs go up to discard_mapping_bytes,
+// also 1 GiB by default: larger runs reload faster when the driver is quiet, but the driver
+// releases large handles more slowly and creates them erratically right after a release, which is
+// when an RL phase switch reloads (docs/performance.md, "kv cache (DISCARD)"). Memory inside a
+// large mapping goes back to the driver (empty_cache) only once all of it is free.
 #include "offload_engine.hpp"
 
 #include <algorithm>
@@ -77,6 +78,7 @@ class pipeline {
   void restore_outs() noexcept;
 
   bool map_next();
+  void reclaim_parked(incoming& in);
   void queue_in_copies(incoming& in, CUdeviceptr mapped_end);
   void finish_ins();
   void commit(incoming& in);
@@ -128,10 +130,14 @@ bool pipeline::unmap_next(pending_copies pending) {
     }
   }
   if (!o.started) start(o);
-  trace::span span("unmap", o.t->name(), m.size, trace::effect::mapped_down);
+  trace::span span(out_memory_ == unmapped_memory::park ? "park" : "unmap", o.t->name(), m.size,
+                   trace::effect::mapped_down);
   o.t->arena().unmap(m.va, out_memory_);  // Note [unmap as copied]
   ++o.next_map;
-  if (out_memory_ != unmapped_memory::recycle) budget_ += m.size;  // else it is in the recycler
+  if (out_memory_ == unmapped_memory::release ||
+      out_memory_ == unmapped_memory::release_in_background) {
+    budget_ += m.size;  // else the recycler has it
+  }
   return true;
 }
 
@@ -189,6 +195,9 @@ void pipeline::restore_outs() noexcept {
 // recycling]), else to the release queue for a DISCARD offload (Note [background release]) and a
 // swap unless TAGMEM_SWAP_RELEASE=inline, else released on the spot.
 unmapped_memory pipeline::choose_out_memory(std::size_t in_count) const noexcept {
+  if (cfg_.recycle == recycling::keep && mode_ == TAGMEM_DISCARD && in_count == 0) {
+    return unmapped_memory::park;  // Note [parked mappings]
+  }
   if (cfg_.recycle == recycling::keep || (in_count != 0 && recycle())) {
     return unmapped_memory::recycle;
   }
@@ -295,9 +304,27 @@ void pipeline::undo(incoming& in) noexcept {
     unmap_parts(dev_, in.runs[i].va, in.runs[i].size, in.runs[i].parts, recycle());
     in.runs[i].parts.clear();
   }
+  for (CUdeviceptr va : in.reclaimed) {
+    try {
+      in.t->arena().unmap(va, unmapped_memory::park);  // parked again, as before the reload
+    } catch (...) {  // unparkable and cuMemUnmap failed: it stays mapped, and the next reload
+    }                // finds it resident
+  }
+  in.reclaimed.clear();
   in.mapped = 0;
   in.next_piece = 0;
   in.copied = 0;
+}
+
+// Takes the in-tag's parked mappings back (Note [parked mappings]): they are still mapped, so
+// the plan leaves them out. Throws OUT_OF_MEMORY for the list, with nothing taken back.
+void pipeline::reclaim_parked(incoming& in) {
+  if (dev_.recycler().parked_bytes() == 0) return;
+  vm_arena& arena = in.t->arena();
+  in.reclaimed.reserve(arena.mappings().size());
+  for (const auto& [va, m] : arena.mappings()) {
+    if (!m.resident && arena.reclaim_parked(va)) in.reclaimed.push_back(va);  // within the room
+  }
 }
 
 // ---- the loop -----------------------------------------------------------------------------
@@ -306,13 +333,19 @@ void pipeline::run(tag* const* outs, std::size_t out_count, tag* const* ins, std
   context_guard guard(dev_.context());
   out_memory_ = choose_out_memory(in_count);
   ins_.reserve(in_count);
-  for (std::size_t i = 0; i < in_count; ++i) {
-    trace::span span("plan", ins[i]->name());
-    ins_.push_back({});
-    ins_.back().t = ins[i];
-    plan_incoming(ins_.back(), ins[i]->mode() == TAGMEM_DISCARD
-                                   ? std::max(cfg_.discard_mapping_bytes, cfg_.max_mapping_bytes)
-                                   : cfg_.max_mapping_bytes);
+  try {
+    for (std::size_t i = 0; i < in_count; ++i) {
+      trace::span span("plan", ins[i]->name());
+      ins_.push_back({});
+      ins_.back().t = ins[i];
+      if (ins[i]->mode() == TAGMEM_DISCARD) reclaim_parked(ins_.back());
+      plan_incoming(ins_.back(), ins[i]->mode() == TAGMEM_DISCARD
+                                     ? std::max(cfg_.discard_mapping_bytes, cfg_.max_mapping_bytes)
+                                     : cfg_.max_mapping_bytes);
+    }
+  } catch (...) {
+    for (incoming& in : ins_) undo(in);  // parks again what was reclaimed
+    throw;
   }
   if (out_count) {
     TAGMEM_CU(cuCtxSynchronize, dev_.context());  // Note [offload waits]
@@ -337,6 +370,7 @@ void pipeline::run(tag* const* outs, std::size_t out_count, tag* const* ins, std
       } catch (...) {
       }
       for (outgoing& o : outs_) store_.release(o.extents);
+      for (incoming& in : ins_) undo(in);
       throw;
     }
   }

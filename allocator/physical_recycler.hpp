@@ -12,6 +12,17 @@
 //    a later reload or allocation maps them; tagmem_release_physical and tagmem_wait_released
 //    give them back to the driver, and so does anything of tagmem's that runs out of memory;
 //  - with `off`, nothing is recycled.
+// Note [parked mappings]: with `keep`, a DISCARD offload does not even unmap. Its mappings are
+// parked here as they are, still mapped at the tag's addresses, and the tag counts as offloaded.
+// A reload of that tag takes its parked mappings back (reclaim) with no driver call at all, so a
+// DISCARD offload and reload in one process cost bookkeeping only, however many GiB the tag
+// holds (unmapping and mapping 60 GiB again costs milliseconds, most of it cuMemSetAccess:
+// docs/performance.md, "RL cycle"). Anything else that needs kept memory (a reload, an
+// allocation, tagmem_release_physical, a cuMemCreate out of memory) unparks a mapping first:
+// cuMemUnmap of its range, under the recycler's lock so that the tag cannot reclaim it half way;
+// its handles are then plain kept handles. Until that happens, the offloaded tag's addresses
+// still read and write its old memory instead of faulting: only an application that touches a
+// tag it offloaded can tell, and its bytes were discarded anyway.
 // cuMemMap maps a whole handle (offset 0), so a handle of S bytes can only back S bytes of
 // address space. A mapping record (vm_arena.hpp) may therefore consist of several handles mapped
 // side by side; a range of B bytes takes, largest first, the kept handles that fit in what is
@@ -52,20 +63,40 @@ class physical_recycler {
   // Takes, largest first, kept handles whose sizes add up to at most `bytes`; appends them to
   // `out` (throws OUT_OF_MEMORY for room in `out` with nothing taken).
   void take_up_to(std::size_t bytes, meta_vector<physical_part>& out);
-  // Hands every kept handle to `q` (one it cannot take is released here).
+  // Parks the mapping of `size` bytes at `va`, made of `parts` (Note [parked mappings]); on
+  // success `parts` is left empty. Returns false, keeping nothing, when the record cannot be
+  // made: the caller then unmaps as usual.
+  bool park(CUdeviceptr va, std::size_t size, meta_vector<physical_part>& parts) noexcept;
+  // Takes back the mapping parked at `va` if it is still parked: its parts go to `out` (emptied
+  // first) and stay mapped. Returns false, changing nothing, when it was unparked meanwhile.
+  bool reclaim(CUdeviceptr va, meta_vector<physical_part>& out) noexcept;
+  // Hands every kept handle to `q` (one it cannot take is released here), unparking first.
   void release_all(release_queue& q) noexcept;
-  // Releases kept handles on this thread, smallest first, until at least `bytes` went back to
-  // the driver or none is left. Returns the first failure (CUDA_SUCCESS if none); a handle that
-  // failed stays kept, for the next release.
+  // Releases kept handles on this thread, smallest first (parked ones last), until at least
+  // `bytes` went back to the driver or none is left. Returns the first failure (CUDA_SUCCESS if
+  // none); a handle that failed stays kept, for the next release.
   CUresult release_now(std::size_t bytes) noexcept;
+  // Kept bytes, parked ones included.
   std::size_t bytes() const noexcept;
+  std::size_t parked_bytes() const noexcept;
 
  private:
-  mutable std::mutex mutex_;  // a leaf, like the release queue's
+  struct parked_mapping {
+    std::size_t size = 0;
+    meta_vector<physical_part> parts;
+  };
+  // Unmaps the oldest parked mapping and keeps its handles as unmapped ones. Returns the unmap's
+  // result; on failure the mapping stays parked (and is not tried again by this call's caller).
+  CUresult unpark_first_locked() noexcept;
+  CUresult unpark_all_locked() noexcept;
+
+  mutable std::mutex mutex_;  // a leaf, like the release queue's (cuMemUnmap runs under it)
   std::multimap<std::size_t, CUmemGenericAllocationHandle, std::less<std::size_t>,
                 meta_allocator<std::pair<const std::size_t, CUmemGenericAllocationHandle>>>
-      kept_;  // by size
+      kept_;                                      // by size
+  meta_map<CUdeviceptr, parked_mapping> parked_;  // by address
   std::size_t bytes_ = 0;
+  std::size_t parked_bytes_ = 0;
 };
 
 // Backs [va, va + bytes) with physical memory: kept handles first when `recycle`, one new

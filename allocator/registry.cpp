@@ -285,6 +285,7 @@ void registry::plan_offload(const char* name, int ordinal, tagmem_offload_mode m
 
 void registry::wait_released(int ordinal) {
   device& d = dev(ordinal);
+  context_guard guard(d.context());        // parked mappings are unmapped first
   d.recycler().release_all(d.releases());  // Note [physical recycling]
   driver::check(d.releases().drain(), "cuMemRelease");
 }

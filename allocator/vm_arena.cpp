@@ -33,7 +33,7 @@ vm_arena::~vm_arena() {
   release_unreleased();
   const auto& api = driver::api();
   for (auto& [va, m] : mappings_) {
-    if (!m.resident) continue;
+    if (!m.resident && !reclaim_parked(va)) continue;
     api.cuMemUnmap(va, m.size);
     for (const physical_part& p : m.parts) api.cuMemRelease(p.handle);
   }
@@ -118,6 +118,14 @@ void vm_arena::unmap(CUdeviceptr va, unmapped_memory then) {
   auto it = mappings_.find(va);
   TAGMEM_ASSERT(it != mappings_.end() && it->second.resident);
   mapping& m = it->second;
+  if (then == unmapped_memory::park) {
+    if (dev_.recycler().park(va, m.size, m.parts)) {  // Note [parked mappings]
+      m.resident = false;
+      mapped_bytes_ -= m.size;
+      return;
+    }
+    then = unmapped_memory::recycle;
+  }
   release_unreleased();
   // Room so that keeping the handles below cannot fail.
   unreleased_.reserve(unreleased_.size() + m.parts.size());
@@ -150,9 +158,25 @@ void vm_arena::unmap(CUdeviceptr va, unmapped_memory then) {
   if (first != CUDA_SUCCESS) driver::throw_error(first, "cuMemRelease");
 }
 
+bool vm_arena::reclaim_parked(CUdeviceptr va) noexcept {
+  auto it = mappings_.find(va);
+  TAGMEM_ASSERT(it != mappings_.end() && !it->second.resident);
+  if (dev_.recycler().parked_bytes() == 0 || !dev_.recycler().reclaim(va, it->second.parts)) {
+    return false;
+  }
+  it->second.resident = true;
+  mapped_bytes_ += it->second.size;
+  return true;
+}
+
 void vm_arena::forget(CUdeviceptr va) {
   auto it = mappings_.find(va);
   TAGMEM_ASSERT(it != mappings_.end() && !it->second.resident);
+  if (reclaim_parked(va)) {  // the range is still mapped: unmapped before it can be reused
+    context_guard guard(dev_.context());
+    unmap_parts(dev_, va, it->second.size, it->second.parts, true);
+    mapped_bytes_ -= it->second.size;
+  }
   mappings_.erase(it);
 }
 

@@ -34,6 +34,8 @@ enum class unmapped_memory {
   release,                // cuMemRelease before returning
   release_in_background,  // the device's release queue (Note [background release])
   recycle,                // the device's recycler (Note [physical recycling])
+  park,  // left mapped and parked with the recycler, recycled if that fails (Note [parked
+         // mappings])
 };
 
 class vm_arena {
@@ -59,7 +61,10 @@ class vm_arena {
   // (Note [release later]); keeps those that fail again.
   void release_unreleased() noexcept;
   bool has_unreleased() const noexcept { return !unreleased_.empty(); }
-  // Forgets a mapping record (it must not be resident).
+  // Makes the record at `va` resident again if the recycler still has it parked (Note [parked
+  // mappings]); no driver call. Returns whether it did.
+  bool reclaim_parked(CUdeviceptr va) noexcept;
+  // Forgets a mapping record (it must not be resident; a parked one is unmapped and kept).
   void forget(CUdeviceptr va);
   // Replaces the non-resident records inside [va, va + bytes) with one resident mapping of
   // `parts`, which the caller mapped there (reload coalescing).

@@ -189,6 +189,122 @@ TEST_F(EmulatorRecycle, KeptMemoryServesReloadsUntilReleased) {
   free_all(weights);
 }
 
+// With `keep`, a DISCARD offload parks its mappings and the tag's reload takes them back: no
+// driver call either way (Note [parked mappings]); the memory counts as kept meanwhile, and
+// shutting down with it parked leaks nothing.
+TEST_F(EmulatorRecycle, ParkedDiscardOffloadAndReloadMakeNoDriverCall) {
+  restart_recycling("keep");
+  auto rng = rng_for_test();
+  auto kv = fill(rng, "kv", 4, 64 * MiB);
+  const char* kv_tag[] = {"kv"};
+  const char* entries[] = {"cuMemCreate", "cuMemMap", "cuMemSetAccess", "cuMemUnmap",
+                           "cuMemRelease"};
+  auto driver_calls = [&] {
+    std::uint64_t n = 0;
+    for (const char* e : entries) n += calls(e);
+    return n;
+  };
+  const std::size_t mappings = emulator().live_mappings();
+  for (int round = 0; round < 3; ++round) {
+    const std::uint64_t before = driver_calls();
+    TAGMEM_OK(tagmem_offload(kv_tag, 1, 0, TAGMEM_DISCARD));
+    EXPECT_EQ(driver_calls() - before, 0u) << "round " << round;
+    EXPECT_EQ(state_of("kv"), TAGMEM_OFFLOADED_DISCARD);
+    tagmem_tag_stats ts{};
+    TAGMEM_OK(tagmem_tag_stats_get("kv", 0, &ts));
+    EXPECT_EQ(ts.mapped_bytes, 0u);
+    EXPECT_EQ(pending_bytes(), 256 * MiB);  // kept, not yet back with the driver
+    TAGMEM_OK(tagmem_reload(kv_tag, 1, 0));
+    EXPECT_EQ(driver_calls() - before, 0u) << "round " << round;
+    EXPECT_EQ(pending_bytes(), 0u);
+    EXPECT_EQ(emulator().live_mappings(), mappings);
+    for (const filled& a : kv) {  // usable at the same addresses
+      auto bytes = random_bytes(rng, a.bytes.size());
+      write_device(a.ptr, bytes.data(), bytes.size());
+      EXPECT_EQ(read_device(a.ptr, bytes.size()), bytes) << "round " << round;
+    }
+  }
+  TAGMEM_OK(tagmem_offload(kv_tag, 1, 0, TAGMEM_DISCARD));
+  ASSERT_EQ(tagmem_shutdown(), TAGMEM_SUCCESS) << tagmem_last_error();
+  EXPECT_EQ(emulator().live_mappings(), 0u);
+  EXPECT_EQ(emulator().live_allocations(), 0u);
+  ASSERT_EQ(tagmem_init(nullptr), TAGMEM_SUCCESS) << tagmem_last_error();
+}
+
+const char* w_tag[] = {"weights"};
+const char* kv_tag[] = {"kv"};
+
+// The weights offloaded (BACKUP) with their own memory back with the driver, then the kv cache
+// parked by a DISCARD offload: kept memory for the weights' reload is the kv cache's alone.
+void park_kv_beside_offloaded_weights(std::mt19937_64& rng, int count, std::size_t size,
+                                      std::vector<filled>& weights, std::vector<filled>& kv) {
+  weights = fill(rng, "weights", count, size);
+  TAGMEM_OK(tagmem_offload(w_tag, 1, 0, TAGMEM_BACKUP));
+  TAGMEM_OK(tagmem_release_physical(0));
+  kv = fill(rng, "kv", count, size);
+  TAGMEM_OK(tagmem_offload(kv_tag, 1, 0, TAGMEM_DISCARD));
+}
+
+// Parked memory is anyone's: another tag's reload unmaps it from the offloaded tag and maps it
+// (no create), the offloaded tag's old addresses fault instead of aliasing the new owner's bytes,
+// and its own reload then maps new memory. tagmem_wait_released gives parked memory back too.
+TEST_F(EmulatorRecycle, ParkedMemoryServesAnotherTagAndStopsAliasing) {
+  restart_recycling("keep");
+  auto rng = rng_for_test();
+  std::vector<filled> weights, kv;
+  park_kv_beside_offloaded_weights(rng, 4, 32 * MiB, weights, kv);
+  const std::uint64_t created = calls("cuMemCreate"), unmapped = calls("cuMemUnmap");
+  TAGMEM_OK(tagmem_reload(w_tag, 1, 0));
+  EXPECT_EQ(calls("cuMemCreate") - created, 0u);  // the kv cache's parked memory
+  EXPECT_EQ(calls("cuMemUnmap") - unmapped, 4u);  // unparked: one unmap per kv mapping
+  EXPECT_EQ(corrupted(weights), 0u);
+  std::vector<unsigned char> probe(4096);
+  EXPECT_NE(driver_api_for_tests().cuMemcpyDtoH(
+                probe.data(), reinterpret_cast<CUdeviceptr>(kv[0].ptr), probe.size()),
+            CUDA_SUCCESS)
+      << "the offloaded kv cache still maps memory that the weights now hold";
+  TAGMEM_OK(tagmem_reload(kv_tag, 1, 0));
+  EXPECT_GT(calls("cuMemCreate") - created, 0u);
+  refill(rng, kv);
+  EXPECT_EQ(corrupted(weights), 0u);
+  EXPECT_EQ(corrupted(kv), 0u);
+
+  TAGMEM_OK(tagmem_offload(kv_tag, 1, 0, TAGMEM_DISCARD));
+  const std::size_t free_before = device_free_bytes();
+  TAGMEM_OK(tagmem_wait_released(0));
+  EXPECT_EQ(device_free_bytes(), free_before + 128 * MiB);
+  EXPECT_EQ(pending_bytes(), 0u);
+  TAGMEM_OK(tagmem_reload(kv_tag, 1, 0));
+  refill(rng, kv);
+  EXPECT_EQ(corrupted(kv), 0u);
+  free_all(kv);
+  free_all(weights);
+}
+
+// An unpark whose cuMemUnmap fails leaves that mapping parked: the reload that wanted it creates
+// memory instead, and the parked tag still takes its own back with no driver call.
+TEST_F(EmulatorRecycle, AFailedUnparkLeavesTheMappingParked) {
+  restart_recycling("keep");
+  auto rng = rng_for_test();
+  std::vector<filled> weights, kv;
+  park_kv_beside_offloaded_weights(rng, 1, 64 * MiB, weights, kv);
+  ASSERT_EQ(emulator().fail_call("cuMemUnmap", 1, CUDA_ERROR_UNKNOWN), 0);
+  const std::uint64_t created = calls("cuMemCreate");
+  TAGMEM_OK(tagmem_reload(w_tag, 1, 0));
+  emulator().clear_faults();
+  EXPECT_EQ(calls("cuMemCreate") - created, 1u);
+  EXPECT_EQ(corrupted(weights), 0u);
+  EXPECT_EQ(pending_bytes(), 64 * MiB);  // still parked
+  const std::uint64_t mapped = calls("cuMemMap");
+  TAGMEM_OK(tagmem_reload(kv_tag, 1, 0));
+  EXPECT_EQ(calls("cuMemMap") - mapped, 0u);
+  refill(rng, kv);
+  EXPECT_EQ(corrupted(kv), 0u);
+  EXPECT_EQ(corrupted(weights), 0u);
+  free_all(kv);
+  free_all(weights);
+}
+
 // Kept memory is no one else's loss: an allocation that needs it gets it.
 TEST_F(EmulatorRecycle, AllocationThatNeedsKeptMemoryGetsIt) {
   restart_recycling("keep");
