@@ -41,7 +41,7 @@ void copy_queue::give_back_events() noexcept {
 }
 
 CUevent copy_queue::to_host(const backup_piece& p, const char* tag) {
-  CUstream s = dev_.d2h_stream(next_d2h_++);
+  CUstream s = dev_.d2h_stream(d2h_one_stream_ ? 0 : next_d2h_++);
   TAGMEM_CU(cuMemcpyDtoHAsync, p.host, p.dev, p.bytes, s);
   trace::copy_queued(s, true, tag, p.bytes);
   CUevent e = dev_.acquire_event();

@@ -59,6 +59,11 @@ class copy_queue {
   copy_queue(const copy_queue&) = delete;
   copy_queue& operator=(const copy_queue&) = delete;
 
+  // From now on, device-to-host pieces go to one D2H stream, so they finish in the order they
+  // were queued. Copy engines need not serve the streams of one direction fairly: on an H200 one
+  // stream's whole queue of pieces ran before the other stream's first piece finished, so with
+  // pieces round-robin over two streams no range was copied whole until half of all was.
+  void keep_d2h_order() noexcept { d2h_one_stream_ = true; }
   // Queues `p` device -> host on the next D2H stream and records an event after it; returns
   // that event (the queue's: valid until the queue is destroyed). `tag` names the copy in a
   // trace (docs/observe.md). Throws DRIVER.
@@ -100,6 +105,7 @@ class copy_queue {
   std::exception_ptr failed_;  // the first failure to hand out a piece; finish() throws it
   meta_vector<CUevent> events_;
   std::size_t next_d2h_ = 0, next_h2d_ = 0;
+  bool d2h_one_stream_ = false;
 };
 
 }  // namespace tagmem

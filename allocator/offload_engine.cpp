@@ -9,19 +9,21 @@
 // copy_piece_bytes pieces round-robin over the device's D2H streams, each followed by an event
 // (copy_queue.hpp).
 // A queueing failure therefore happens before anything is unmapped and leaves every tag as it
-// was. Then one loop on the calling thread unmaps each out-mapping as soon as the events of the
-// copies covering it have fired, and maps each in-run as soon as device memory allows, queueing
-// its host-to-device copies on the H2D streams: unmapping overlaps copying, and in a swap both
-// PCIe directions run at once. When the in-tags only fit once the out-tags are gone, an in-run
-// waits until enough out-mappings are unmapped (a budget started from cuMemGetInfo; an
-// out-of-memory from cuMemCreate while out-mappings remain means "wait for more", not failure).
-// A copy that fails once unmapping has begun (an asynchronous error, which CUDA makes sticky)
-// cannot be undone by not unmapping; the out-tags are then reloaded from their backups, which
-// hold every byte already unmapped, so that "a failed copy leaves every tag resident" still
-// holds wherever the driver still works, and nothing is lost where it does not.
-// In a swap the out-side's handles are not released: they go to the device's recycler and the
-// in-runs map them (Note [physical recycling] in physical_recycler.hpp); what the in-side does
-// not take goes to the release queue when the swap ends, unless TAGMEM_RECYCLE_PHYSICAL=keep.
+// was. When the in-side only fits as the out-side goes (a memory-tight swap), the pieces go to
+// one D2H stream instead, so that out-mappings finish, and are unmapped, in address order
+// (copy_queue::keep_d2h_order says why). Then one loop on the calling thread unmaps each
+// out-mapping as soon as the events of the copies covering it have fired, and maps each in-run as
+// soon as device memory allows, queueing its host-to-device copies on the H2D streams: unmapping
+// overlaps copying, and in a swap both PCIe directions run at once. When the in-tags only fit once
+// the out-tags are gone, an in-run waits until enough out-mappings are unmapped (a budget started
+// from cuMemGetInfo; an out-of-memory from cuMemCreate while out-mappings remain means "wait for
+// more", not failure). A copy that fails once unmapping has begun (an asynchronous error, which
+// CUDA makes sticky) cannot be undone by not unmapping; the out-tags are then reloaded from their
+// backups, which hold every byte already unmapped, so that "a failed copy leaves every tag
+// resident" still holds wherever the driver still works, and nothing is lost where it does not. In
+// a swap the out-side's handles are not released: they go to the device's recycler and the in-runs
+// map them (Note [physical recycling] in physical_recycler.hpp); what the in-side does not take
+// goes to the release queue when the swap ends, unless TAGMEM_RECYCLE_PHYSICAL=keep.
 //
 // Note [reload coalescing]: an offloaded tag's mappings come back as runs of adjacent mappings,
 // each one cuMemCreate/cuMemMap/cuMemSetAccess of up to max_mapping_bytes, since map/unmap cost is
@@ -352,6 +354,12 @@ void pipeline::run(tag* const* outs, std::size_t out_count, tag* const* ins, std
     if (in_count) {  // before anything is taken: a failure here changes nothing
       std::size_t total = 0;
       dev_.memory_info(&budget_, &total);
+      std::size_t wanted = 0;
+      for (const incoming& in : ins_) {
+        for (const in_run& r : in.runs) wanted += r.size;
+      }
+      // The in-side waits for the out-side's memory: out-mappings must be copied in order.
+      if (wanted > budget_) copies_.keep_d2h_order();
     }
     outs_.reserve(out_count);
     try {

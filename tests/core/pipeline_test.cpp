@@ -2,10 +2,16 @@
 // shown on the emulated driver (fault injection, call counts, device size and copy speed are
 // emulator controls): a copy that fails before or after unmapping began leaves every tag
 // resident; a swap whose in-tags fit only once the out-tags are gone succeeds; a swap whose
-// in-tag cannot fit still offloads; copies do not grow with the number of allocations; the host
-// store pins in the background and trims. Excluded from the GPU run by suite name (Emulator*).
+// in-tag cannot fit still offloads, and one whose in-tags wait for the out-tags copies them in
+// order; copies do not grow with the number of allocations; the host store pins in the
+// background and trims. Excluded from the GPU run by suite name (Emulator*).
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
+#include <fstream>
+#include <iterator>
+#include <regex>
+#include <set>
 #include <thread>
 
 #include "test_support.hpp"
@@ -107,6 +113,64 @@ TEST_F(EmulatorPipeline, SwapSucceedsWhenInTagsFitOnlyAfterOutTagsLeave) {
     EXPECT_EQ(corrupted(engine), 0u);
     TAGMEM_OK(tagmem_swap(engine_tag, 1, trainer_tags, 2, 0, TAGMEM_BACKUP));
     EXPECT_EQ(corrupted(trainer) + corrupted(optimizer), 0u);
+  }
+}
+
+// The D2H streams (trace tracks) that copied `tag`'s pieces, from a trace file (docs/observe.md).
+std::set<std::string> d2h_tracks(const std::string& path, const std::string& tag) {
+  std::ifstream in(path);
+  EXPECT_TRUE(in) << path;
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const std::regex copy(
+      R"re(\{"name":"copy D2H","cat":"copy","ph":"X","ts":[0-9.]+,"dur":[0-9.]+,"pid":[0-9]+,)re"
+      R"re("tid":([0-9]+),"args":\{"tag":"([^"]*)")re");
+  std::set<std::string> tracks;
+  for (std::sregex_iterator it(text.begin(), text.end(), copy), end; it != end; ++it) {
+    if ((*it)[2] == tag) tracks.insert((*it)[1]);
+  }
+  return tracks;
+}
+
+// A swap whose in-side fits only as its out-side goes copies the out-side on one D2H stream, so
+// that out-mappings finish in address order and the in-side can start after the first (copy
+// engines need not serve two streams of one direction fairly: copy_queue::keep_d2h_order); a
+// swap with room for both sides spreads its pieces over the streams.
+TEST_F(EmulatorPipeline, TightSwapCopiesItsOutSideInOrder) {
+  for (bool tight : {false, true}) {
+    const std::string path = ::testing::TempDir() + "tagmem_tight_" +
+                             std::to_string(rng_() % 1000000) + (tight ? "_t" : "_r") + ".json";
+    ASSERT_EQ(tagmem_shutdown(), TAGMEM_SUCCESS);
+    {
+      scoped_env trace("TAGMEM_TRACE", path.c_str());
+      tagmem_config cfg;
+      tagmem_config_init(&cfg);
+      cfg.copy_piece_bytes = 1u << 20;
+      ASSERT_EQ(tagmem_init(&cfg), TAGMEM_SUCCESS) << tagmem_last_error();
+    }
+    auto engine = fill("engine", 4, 8 << 20);
+    const char* engine_tag[] = {"engine"};
+    const char* trainer_tag[] = {"trainer"};
+    TAGMEM_OK(tagmem_offload(engine_tag, 1, 0, TAGMEM_BACKUP));
+    auto trainer = fill("trainer", 4, 8 << 20);
+    if (tight) {
+      ASSERT_EQ(emulator().set_device_bytes(0, device_bytes_ - device_free_bytes() + (8u << 20)),
+                0);
+    }
+    TAGMEM_OK(tagmem_swap(trainer_tag, 1, engine_tag, 1, 0, TAGMEM_BACKUP));
+    EXPECT_EQ(corrupted(engine), 0u);
+    TAGMEM_OK(tagmem_trace_flush());
+    const std::set<std::string> tracks = d2h_tracks(path, "trainer");
+    if (tight) {
+      EXPECT_EQ(tracks.size(), 1u) << "the tight swap's out-side copies were spread over streams";
+    } else {
+      EXPECT_GT(tracks.size(), 1u) << "the roomy swap's out-side copies used one stream";
+    }
+    ASSERT_EQ(emulator().set_device_bytes(0, device_bytes_), 0);
+    TAGMEM_OK(tagmem_swap(engine_tag, 1, trainer_tag, 1, 0, TAGMEM_BACKUP));
+    EXPECT_EQ(corrupted(trainer), 0u);
+    for (const filled& a : engine) TAGMEM_OK(tagmem_free(a.ptr, nullptr));
+    for (const filled& a : trainer) TAGMEM_OK(tagmem_free(a.ptr, nullptr));
+    std::remove(path.c_str());
   }
 }
 
