@@ -226,7 +226,10 @@ TAGMEM_API tagmem_status tagmem_pointer_info(const void* ptr, char* tag, size_t 
  * time linear in the bytes): the memory reaches the driver shortly after the call returns. tagmem's
  * own allocations and reloads wait for it when they need it; before another process or allocator
  * takes the memory, call tagmem_wait_released(). TAGMEM_DISCARD_RELEASE=wait makes
- * DISCARD release before returning.
+ * DISCARD release before returning. With TAGMEM_RECYCLE_PHYSICAL=keep the process keeps the
+ * memory instead, and a DISCARD offload leaves it mapped until a reload takes it back or
+ * something else needs it (docs/design.md, parked mappings): until then the addresses do not
+ * fault.
  * The list is checked first (unknown tag, already offloaded, duplicates): on such an error no tag
  * is changed. A failure while copying leaves every tag resident with its bytes intact, and so
  * does HOST_OUT_OF_MEMORY when the backups do not fit in the host budget (tagmem_host_reserve).

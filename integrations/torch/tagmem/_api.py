@@ -102,7 +102,9 @@ def offload(tags, mode=BACKUP, device=None):
     reserved, so every pointer (tensor, view, CUDA graph) stays valid for the reload; touching the
     memory before the reload faults. The list is checked first: on UnknownTagError,
     TagOffloadedError or a duplicate no tag is changed. DISCARD hands the memory back to the driver
-    in the background: call wait_released() before another process or allocator needs it.
+    in the background: call wait_released() before another process or allocator needs it. With
+    TAGMEM_RECYCLE_PHYSICAL=keep the process keeps it, and a DISCARD offload leaves it mapped (the
+    addresses do not fault) until the reload takes it back or something else needs it.
     """
     names, count = _names(tags)
     _errors.check(_lib.lib().tagmem_offload(names, count, _device(device), _mode(mode)))
