@@ -19,16 +19,6 @@ tagmem_device_stats stats() {
   return ds;
 }
 
-void restart_with(const char* name, const char* value) {
-  ASSERT_EQ(tagmem_shutdown(), TAGMEM_SUCCESS) << tagmem_last_error();
-  scoped_env env(name, value);
-  ASSERT_EQ(tagmem_init(nullptr), TAGMEM_SUCCESS) << tagmem_last_error();
-}
-
-void free_all(const std::vector<filled>& all) {
-  for (const filled& a : all) EXPECT_EQ(tagmem_free(a.ptr, nullptr), TAGMEM_SUCCESS);
-}
-
 // "weights" planned for BACKUP, 128 MiB of random bytes, once the pinner is done with it.
 std::vector<filled> planned_weights(std::mt19937_64& rng) {
   EXPECT_EQ(tagmem_tag_plan_offload("weights", 0, TAGMEM_BACKUP), TAGMEM_SUCCESS);
@@ -90,7 +80,7 @@ TEST_F(PinAhead, DiscardPlanPinsNothing) {
 }
 
 TEST_F(PinAhead, OffPinsNothingAhead) {
-  restart_with("TAGMEM_PIN_AHEAD", "off");
+  restart_with_env("TAGMEM_PIN_AHEAD", "off");
   auto rng = rng_for_test();
   auto weights = planned_weights(rng);
   EXPECT_EQ(stats().host_pinned_bytes, 0u);
@@ -113,7 +103,7 @@ TEST_F(PinAhead, BadPlansAreRefused) {
 // The pinner stops at the host budget (TAGMEM_HOST_MAX_BYTES here); the offload that does not fit
 // fails as before, leaving the tag resident with its bytes.
 TEST_F(PinAhead, StaysWithinTheHostBudget) {
-  restart_with("TAGMEM_HOST_MAX_BYTES", "64M");
+  restart_with_env("TAGMEM_HOST_MAX_BYTES", "64M");
   auto rng = rng_for_test();
   auto weights = planned_weights(rng);
   const tagmem_device_stats s = stats();

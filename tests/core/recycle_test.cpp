@@ -28,11 +28,7 @@ tagmem_device_stats device_stats() {
 }
 
 // Shuts tagmem down and starts it again with TAGMEM_RECYCLE_PHYSICAL=`mode`.
-void restart_recycling(const char* mode) {
-  ASSERT_EQ(tagmem_shutdown(), TAGMEM_SUCCESS) << tagmem_last_error();
-  scoped_env env("TAGMEM_RECYCLE_PHYSICAL", mode);
-  ASSERT_EQ(tagmem_init(nullptr), TAGMEM_SUCCESS) << tagmem_last_error();
-}
+void restart_recycling(const char* mode) { restart_with_env("TAGMEM_RECYCLE_PHYSICAL", mode); }
 
 // The engine (one more allocation than the trainer, so that a swap to it also creates memory)
 // offloaded with BACKUP, then the trainer resident; both hold random bytes.
@@ -47,10 +43,6 @@ sides two_sides(std::mt19937_64& rng, std::size_t unit = 48 * MiB) {
   EXPECT_EQ(tagmem_offload(eng, 1, 0, TAGMEM_BACKUP), TAGMEM_SUCCESS) << tagmem_last_error();
   s.trainer = fill(rng, "trainer", 4, unit);
   return s;
-}
-
-void free_all(const std::vector<filled>& all) {
-  for (const filled& a : all) EXPECT_EQ(tagmem_free(a.ptr, nullptr), TAGMEM_SUCCESS);
 }
 
 using Recycle = tagmem_test;

@@ -104,10 +104,6 @@ TEST_F(Release, AllocationRightAfterADiscardGetsItsMemory) {
   }
 }
 
-void free_all(const std::vector<filled>& all) {
-  for (const filled& a : all) TAGMEM_OK(tagmem_free(a.ptr, nullptr));
-}
-
 // The two sides of a phase switch, each `count` random-filled allocations of `bytes`: the engine
 // offloaded with BACKUP (its memory back with the driver), then the trainer resident.
 const char* eng[] = {"engine"};

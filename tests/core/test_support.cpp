@@ -106,6 +106,16 @@ tagmem_tag_state state_of(const char* tag) {
   return s.state;
 }
 
+void free_all(const std::vector<filled>& all) {
+  for (const filled& a : all) EXPECT_EQ(tagmem_free(a.ptr, nullptr), TAGMEM_SUCCESS);
+}
+
+void restart_with_env(const char* name, const char* value) {
+  ASSERT_EQ(tagmem_shutdown(), TAGMEM_SUCCESS) << tagmem_last_error();
+  scoped_env env(name, value);
+  ASSERT_EQ(tagmem_init(nullptr), TAGMEM_SUCCESS) << tagmem_last_error();
+}
+
 std::size_t corrupted(const std::vector<filled>& all) {
   std::size_t bad = 0;
   for (const auto& a : all) bad += read_device(a.ptr, a.bytes.size()) != a.bytes;

@@ -68,6 +68,11 @@ std::size_t corrupted(const std::vector<filled>& all);
 void refill(std::mt19937_64& rng, std::vector<filled>& all);
 // The state of `tag` on device 0 (fails the test if its statistics cannot be read).
 tagmem_tag_state state_of(const char* tag);
+// Frees each of `all` (a failure fails the test).
+void free_all(const std::vector<filled>& all);
+// Shuts tagmem down and initialises it again with the environment variable `name` set to `value`
+// (restored afterwards).
+void restart_with_env(const char* name, const char* value);
 
 // The driver table tagmem loaded (valid once tagmem is initialised).
 inline const driver::table& driver_api_for_tests() { return driver::api(); }
