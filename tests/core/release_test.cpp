@@ -246,8 +246,10 @@ TEST_F(EmulatorRelease, BadSettingIsRejectedAtInit) {
 
 // A swap where the in-side fits only once the out-side's memory is back with the driver: with
 // TAGMEM_SWAP_RELEASE=background that memory is still queued when the in-runs are mapped, so
-// mapping must wait for the queue instead of failing.
+// mapping must wait for the queue instead of failing. Recycling is off, or the in-side would map
+// the out-side's handles directly and never need the queue.
 TEST_F(EmulatorRelease, TightSwapWithBackgroundReleaseWaitsForTheOutgoingMemory) {
+  scoped_env no_recycling("TAGMEM_RECYCLE_PHYSICAL", "off");
   TAGMEM_OK(restart_with("TAGMEM_SWAP_RELEASE", "background"));
   auto rng = rng_for_test();
   auto [engine, trainer] = engine_out_trainer_in(rng, 3, 16u << 20);
