@@ -5,7 +5,6 @@
 // same way unless TAGMEM_SWAP_RELEASE=inline. The Release suite runs on both drivers;
 // EmulatorRelease uses fault injection and the emulated device size.
 #include <algorithm>
-#include <cstdlib>
 
 #include "test_support.hpp"
 
@@ -43,13 +42,12 @@ void* allocate_filled(std::mt19937_64& rng, const char* tag, std::size_t bytes) 
   return p;
 }
 
-// Shuts tagmem down and initialises it again with `env`=`value`.
-tagmem_status restart_with(const char* env, const char* value) {
+// What tagmem_init returns after a shutdown with `env`=`value` (restart_with_env for a setting
+// that must be taken).
+tagmem_status init_status_with(const char* env, const char* value) {
   EXPECT_EQ(tagmem_shutdown(), TAGMEM_SUCCESS) << tagmem_last_error();
-  setenv(env, value, 1);
-  tagmem_status init = tagmem_init(nullptr);
-  unsetenv(env);
-  return init;
+  scoped_env set(env, value);
+  return tagmem_init(nullptr);
 }
 
 TEST_F(Release, WaitReleasedGivesBackEveryDiscardedByte) {
@@ -124,7 +122,7 @@ sides engine_out_trainer_in(std::mt19937_64& rng, int count, std::size_t bytes) 
 // (TAGMEM_SWAP_RELEASE=background, the default) or before the swap returns (inline); with either,
 // every byte of both sides survives swaps both ways.
 void swap_both_ways_keeps_every_byte(const char* swap_release) {
-  TAGMEM_OK(restart_with("TAGMEM_SWAP_RELEASE", swap_release));
+  restart_with_env("TAGMEM_SWAP_RELEASE", swap_release);
   const bool background = std::string(swap_release) == "background";
   auto rng = rng_for_test();
   auto [engine, trainer] = engine_out_trainer_in(rng, 4, 24u << 20);
@@ -158,7 +156,7 @@ TEST_F(Release, SwapWithInlineReleaseKeepsEveryByteAndReleasesBeforeReturning) {
 }
 
 TEST_F(Release, BadSwapReleaseSettingIsRejectedAtInit) {
-  EXPECT_EQ(restart_with("TAGMEM_SWAP_RELEASE", "later"), TAGMEM_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(init_status_with("TAGMEM_SWAP_RELEASE", "later"), TAGMEM_ERROR_INVALID_ARGUMENT);
   EXPECT_NE(std::string(tagmem_last_error()).find("TAGMEM_SWAP_RELEASE"), std::string::npos);
   TAGMEM_OK(tagmem_init(nullptr));  // for TearDown
 }
@@ -226,7 +224,7 @@ TEST_F(EmulatorRelease, AllocationWaitsForAReleaseThatFailedOnce) {
 }
 
 TEST_F(EmulatorRelease, WaitModeReleasesBeforeTheOffloadReturns) {
-  TAGMEM_OK(restart_with("TAGMEM_DISCARD_RELEASE", "wait"));
+  restart_with_env("TAGMEM_DISCARD_RELEASE", "wait");
   auto rng = rng_for_test();
   void* kv = allocate_filled(rng, "kv_cache", 32u << 20);
   const std::uint64_t releases = emulator().call_count("cuMemRelease");
@@ -239,7 +237,7 @@ TEST_F(EmulatorRelease, WaitModeReleasesBeforeTheOffloadReturns) {
 }
 
 TEST_F(EmulatorRelease, BadSettingIsRejectedAtInit) {
-  EXPECT_EQ(restart_with("TAGMEM_DISCARD_RELEASE", "later"), TAGMEM_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(init_status_with("TAGMEM_DISCARD_RELEASE", "later"), TAGMEM_ERROR_INVALID_ARGUMENT);
   EXPECT_NE(std::string(tagmem_last_error()).find("TAGMEM_DISCARD_RELEASE"), std::string::npos);
   TAGMEM_OK(tagmem_init(nullptr));  // for TearDown
 }
@@ -250,7 +248,7 @@ TEST_F(EmulatorRelease, BadSettingIsRejectedAtInit) {
 // the out-side's handles directly and never need the queue.
 TEST_F(EmulatorRelease, TightSwapWithBackgroundReleaseWaitsForTheOutgoingMemory) {
   scoped_env no_recycling("TAGMEM_RECYCLE_PHYSICAL", "off");
-  TAGMEM_OK(restart_with("TAGMEM_SWAP_RELEASE", "background"));
+  restart_with_env("TAGMEM_SWAP_RELEASE", "background");
   auto rng = rng_for_test();
   auto [engine, trainer] = engine_out_trainer_in(rng, 3, 16u << 20);
   const std::size_t used = limit_ - device_free_bytes();
