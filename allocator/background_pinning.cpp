@@ -3,8 +3,9 @@
 
 #include <algorithm>
 #include <atomic>
+#include <utility>
 
-#include "registry.hpp"
+#include "host_store.hpp"
 
 namespace tagmem {
 namespace {
@@ -13,7 +14,10 @@ std::atomic<background_pinning*> g_pinner{nullptr};
 
 }  // namespace
 
-background_pinning::background_pinning(registry& r) : reg_(r) { g_pinner.store(this); }
+background_pinning::background_pinning(store_access store, planned_bytes planned)
+    : store_(std::move(store)), planned_(std::move(planned)) {
+  g_pinner.store(this);
+}
 
 background_pinning::~background_pinning() {
   background_pinning* self = this;
@@ -48,7 +52,7 @@ void background_pinning::wait_idle() {
     std::unique_lock lock(mutex_);
     changed_.wait(lock, [&] { return stop_ || (!dirty_ && !busy_); });
   }
-  reg_.store().reserve(0, host_store::growth::now);  // waits for the store's background growth
+  store_().reserve(0, host_store::growth::now);  // waits for the store's background growth
 }
 
 void background_pinning::loop() noexcept {
@@ -71,14 +75,8 @@ void background_pinning::loop() noexcept {
 
 void background_pinning::pin_to_target() noexcept {
   try {
-    std::size_t planned = 0;
-    for (int d = 0; d < reg_.device_count(); ++d) {
-      for (tag* t : reg_.tags(d)) {
-        std::lock_guard lock(t->mutex());
-        if (t->pins_ahead() && !t->offloaded()) planned += t->arena().mapped_bytes();
-      }
-    }
-    host_store& store = reg_.store();
+    const std::size_t planned = planned_();
+    host_store& store = store_();
     const host_store_stats s = store.stats();
     const std::size_t target = std::min(s.used_bytes + planned, s.budget_bytes);
     // The store's own background growth, which an offload that needs it waits for rather than

@@ -17,17 +17,24 @@
 
 #include <condition_variable>
 #include <cstddef>
+#include <functional>
 #include <mutex>
 #include <thread>
 
 namespace tagmem {
 
-class registry;
+class host_store;
 
 class background_pinning {
  public:
-  explicit background_pinning(registry& r);  // becomes the process's pinner; starts no thread
-  ~background_pinning();                     // stops the thread after the pinning under way
+  // The host store (created on first use by its owner), and the bytes that planned-BACKUP
+  // resident tags have mapped now, counted by the tags' owner; both may throw.
+  using store_access = std::function<host_store&()>;
+  using planned_bytes = std::function<std::size_t()>;
+
+  // Becomes the process's pinner; starts no thread.
+  background_pinning(store_access store, planned_bytes planned);
+  ~background_pinning();  // stops the thread after the pinning under way
   background_pinning(const background_pinning&) = delete;
   background_pinning& operator=(const background_pinning&) = delete;
 
@@ -41,7 +48,8 @@ class background_pinning {
   void loop() noexcept;
   void pin_to_target() noexcept;
 
-  registry& reg_;
+  store_access store_;
+  planned_bytes planned_;
   std::mutex mutex_;
   std::condition_variable changed_;
   bool dirty_ = false, busy_ = false, stop_ = false;

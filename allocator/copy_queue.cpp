@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <thread>
 
+#include "copy_clock.hpp"
 #include "driver/driver.hpp"
 #include "error.hpp"
 #include "kernel_copy.hpp"
@@ -112,7 +113,7 @@ bool copy_queue::hand_out() {
       while (l.in_flight.size() < lane_depth && next_waiting_ < waiting_.size()) {
         const waiting& w = waiting_[next_waiting_++];
         if (l.kernel != nullptr) {
-          l.kernel->launch(w.piece);
+          l.kernel->launch(w.piece.dev, w.piece.host, w.piece.bytes);
         } else {
           TAGMEM_CU(cuMemcpyHtoDAsync, w.piece.dev, w.piece.host, w.piece.bytes, l.stream);
         }

@@ -6,18 +6,6 @@
 
 namespace tagmem {
 
-context_guard::context_guard(CUcontext ctx) {
-  TAGMEM_CU(cuCtxGetCurrent, &previous_);
-  if (previous_ != ctx) {
-    TAGMEM_CU(cuCtxSetCurrent, ctx);
-    switched_ = true;
-  }
-}
-
-context_guard::~context_guard() {
-  if (switched_) driver::api().cuCtxSetCurrent(previous_);
-}
-
 device::device(int ordinal, const config& cfg) : ordinal_(ordinal), kernel_use_(cfg.copy_kernel) {
   int count = 0;
   TAGMEM_CU(cuDeviceGetCount, &count);

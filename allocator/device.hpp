@@ -13,6 +13,7 @@
 #include <mutex>
 
 #include "config.hpp"
+#include "driver/context_guard.hpp"
 #include "kernel_copy.hpp"
 #include "metadata_heap.hpp"
 #include "physical_recycler.hpp"
@@ -86,19 +87,6 @@ class device {
   meta_vector<CUevent> free_events_;
   release_queue releases_;
   physical_recycler recycler_;
-};
-
-// Makes a context current on this thread for the guard's lifetime.
-class context_guard {
- public:
-  explicit context_guard(CUcontext ctx);
-  ~context_guard();
-  context_guard(const context_guard&) = delete;
-  context_guard& operator=(const context_guard&) = delete;
-
- private:
-  CUcontext previous_ = nullptr;
-  bool switched_ = false;
 };
 
 }  // namespace tagmem

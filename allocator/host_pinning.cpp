@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "byte_math.hpp"
-#include "device.hpp"
+#include "driver/context_guard.hpp"
 #include "driver/driver.hpp"
 #include "observe/trace.hpp"
 #include "options.hpp"

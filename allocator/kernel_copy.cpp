@@ -4,7 +4,6 @@
 #include <cstddef>
 #include <string>
 
-#include "copy_queue.hpp"
 #include "driver/driver.hpp"
 #include "error.hpp"
 #include "observe/log.hpp"
@@ -54,10 +53,8 @@ void kernel_copy::load_or_throw(CUdevice dev, int ordinal) {
   stream_ = s;  // last: a non-null stream means loaded
 }
 
-void kernel_copy::launch(const backup_piece& p) {
-  const void* src = p.host;
-  CUdeviceptr dst = p.dev;
-  unsigned long long bytes = p.bytes;
+void kernel_copy::launch(CUdeviceptr dst, const void* src, std::size_t size) {
+  unsigned long long bytes = size;
   void* params[] = {&src, &dst, &bytes};
   TAGMEM_CU(cuLaunchKernel, function_, grid_, 1, 1, threads_per_block, 1, 1, 0, stream(), params,
             nullptr);

@@ -16,9 +16,9 @@
 
 #include <cuda.h>
 
-namespace tagmem {
+#include <cstddef>
 
-struct backup_piece;
+namespace tagmem {
 
 class kernel_copy {
  public:
@@ -30,9 +30,9 @@ class kernel_copy {
   // whether the kernel can be used. Called once, before other threads can see the object
   // (device.cpp does it when it sets the device up); a failure is logged and leaves stream() null.
   bool load(CUdevice dev, int ordinal) noexcept;
-  // Queues the copy of `p` (host to device) on stream(). Only after load() returned true.
-  // Throws DRIVER.
-  void launch(const backup_piece& p);
+  // Queues the copy of `bytes` from pinned host memory at `src` to `dst` on stream(). Only after
+  // load() returned true. Throws DRIVER.
+  void launch(CUdeviceptr dst, const void* src, std::size_t bytes);
   // Null unless loaded.
   CUstream stream() const noexcept { return stream_; }
 

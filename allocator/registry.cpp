@@ -33,7 +33,10 @@ registry::registry(const config& cfg) : cfg_(cfg) {
   TAGMEM_EXPECTS(device_count_ > 0, TAGMEM_ERROR_DRIVER,
                  "the CUDA driver '" + driver::library_path() + "' reports no device");
   for (int i = 0; i < device_count_; ++i) slots_.push_back(std::make_unique<device_slot>());
-  if (cfg_.pin_ahead) pinner_ = std::make_unique<background_pinning>(*this);
+  if (cfg_.pin_ahead) {
+    pinner_ = std::make_unique<background_pinning>([this]() -> host_store& { return store(); },
+                                                   [this] { return planned_backup_bytes(); });
+  }
 }
 
 registry::~registry() {
@@ -71,6 +74,17 @@ device& registry::dev(int ordinal) {
   // A constructor that throws leaves the flag unset: the next call tries again.
   std::call_once(s.created, [&] { s.dev = std::make_unique<device>(ordinal, cfg_); });
   return *s.dev;
+}
+
+std::size_t registry::planned_backup_bytes() {
+  std::size_t planned = 0;
+  for (int d = 0; d < device_count(); ++d) {
+    for (tag* t : tags(d)) {
+      std::lock_guard lock(t->mutex());
+      if (t->pins_ahead() && !t->offloaded()) planned += t->arena().mapped_bytes();
+    }
+  }
+  return planned;
 }
 
 host_store& registry::store() {

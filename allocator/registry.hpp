@@ -60,6 +60,8 @@ class registry {
     meta_map<meta_string, tag*, std::less<>> tags;  // looked up by const char*, no copy
   };
   device_slot& slot(int ordinal);
+  // What the background pinner pins toward: the mapped bytes of resident planned-BACKUP tags.
+  std::size_t planned_backup_bytes();
   // Throws INVALID_ARGUMENT naming `operation` for the external tag.
   meta_vector<tag*> lookup_unique(const char* const* names, std::size_t count, int ordinal,
                                   const char* operation);

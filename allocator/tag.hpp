@@ -51,8 +51,8 @@ class tag : public meta_object {
   bool partial() const noexcept { return partial_ && arena_.mapped_bytes() != 0; }
   tagmem_offload_mode mode() const noexcept { return mode_; }
   // Planned to be offloaded with BACKUP: its growth is pinned ahead (Note [pin ahead]).
-  bool pins_ahead() const noexcept { return pins_ahead_; }
-  void set_pins_ahead(bool on) noexcept { pins_ahead_ = on; }
+  bool pins_ahead() const noexcept { return arena_.pins_ahead(); }
+  void set_pins_ahead(bool on) noexcept { arena_.set_pins_ahead(on); }
   tagmem_tag_state state() const noexcept;
 
   // Backup bookkeeping, used by the offload engine.
@@ -91,7 +91,6 @@ class tag : public meta_object {
   tag_counters counters_;
   bool offloaded_ = false;
   bool partial_ = false;
-  bool pins_ahead_ = false;
   tagmem_offload_mode mode_ = TAGMEM_BACKUP;
   meta_vector<backup_piece> pieces_;  // sorted by device address
   meta_vector<host_extent> extents_;  // host store extents the pieces live in

@@ -16,7 +16,6 @@
 #include "byte_math.hpp"
 #include "driver/driver.hpp"
 #include "release_clock.hpp"
-#include "tag.hpp"
 
 namespace tagmem {
 
@@ -111,7 +110,7 @@ void vm_arena::map_new(CUdeviceptr va, std::size_t bytes, bool recycle) {
   }
   it->second.resident = true;
   mapped_bytes_ += bytes;
-  if (owner_ && owner_->pins_ahead()) note_backup_growth();  // Note [pin ahead]
+  if (pins_ahead_) note_backup_growth();  // Note [pin ahead]
 }
 
 void vm_arena::unmap(CUdeviceptr va, unmapped_memory then) {

@@ -75,6 +75,10 @@ class vm_arena {
   std::size_t mapped_bytes() const noexcept { return mapped_bytes_; }
   std::size_t virtual_bytes() const noexcept { return virtual_bytes_; }
   device& dev() noexcept { return dev_; }
+  // The owner plans to offload with BACKUP: new mappings wake the background pinner (Note [pin
+  // ahead]). Set under the owning tag's mutex.
+  bool pins_ahead() const noexcept { return pins_ahead_; }
+  void set_pins_ahead(bool on) noexcept { pins_ahead_ = on; }
 
  private:
   struct reservation {
@@ -90,6 +94,7 @@ class vm_arena {
   meta_vector<CUmemGenericAllocationHandle> unreleased_;  // see Note [release later]
   std::size_t mapped_bytes_ = 0;
   std::size_t virtual_bytes_ = 0;
+  bool pins_ahead_ = false;
 };
 
 }  // namespace tagmem

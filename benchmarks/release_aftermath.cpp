@@ -140,7 +140,7 @@ class h2d_copy {
       CUstream s = lanes[k % lanes.size()];
       const std::size_t n = std::min(piece_, bytes_ - off);
       if (who == by::kernel) {
-        kernel_.launch({dst_ + off, reinterpret_cast<char*>(src_.data() + off), n});
+        kernel_.launch(dst_ + off, src_.data() + off, n);
       } else {
         BENCH_CU(cuMemcpyHtoDAsync, dst_ + off, src_.data() + off, n, s);
       }

@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "copy_clock.hpp"
 #include "driver/driver.hpp"
 #include "observe/log.hpp"
 #include "observe/trace.hpp"

@@ -1,4 +1,4 @@
-// trace.cpp — the trace buffer, its JSON, NVTX ranges and device-timed copies (see trace.hpp).
+// trace.cpp — the trace buffer, its JSON and NVTX ranges (see trace.hpp).
 #include "observe/trace.hpp"
 
 #include <unistd.h>
@@ -11,7 +11,6 @@
 #include <mutex>
 #include <vector>
 
-#include "driver/driver.hpp"
 #include "error.hpp"
 #include "observe/json_text.hpp"
 #include "options.hpp"
@@ -37,7 +36,7 @@ struct state {
   std::vector<std::string> events;             // JSON objects
   std::map<std::string, std::int64_t> mapped;  // per tag, moved by map/unmap spans
   std::int64_t pinned = 0;                     // moved by pinning spans
-  std::map<CUstream, int> stream_tracks;       // copy stream -> track id
+  std::map<const void*, int> stream_tracks;    // copy stream -> track id
   int tracks[2] = {0, 0};                      // copy tracks per direction
   std::size_t dropped = 0;
 };
@@ -248,124 +247,30 @@ void set_mapped(const char* tag, std::uint64_t value) noexcept {
   }
 }
 
-// ---- device-timed copies ------------------------------------------------------------------
+// ---- copy tracks -----------------------------------------------------------------------
 
-struct copy_piece {
-  CUstream stream;
-  CUevent end;
-  double queued_us;
-  bool to_host;
-  const char* tag;
-  std::size_t bytes;
-};
-
-struct copy_clock::impl {
-  CUcontext context = nullptr;
-  CUevent base = nullptr;
-  double base_us = 0;
-  std::vector<copy_piece> pieces;
-};
-
-namespace {
-thread_local copy_clock::impl* t_clock = nullptr;
-
-// Switches to `context` for the holder's lifetime (the clock's calls may run outside the
-// pipeline's own context guard).
-struct with_context {
-  CUcontext previous = nullptr;
-  bool switched = false;
-  explicit with_context(CUcontext c) {
-    const auto& api = driver::api();
-    if (api.cuCtxGetCurrent(&previous) == CUDA_SUCCESS && previous != c)
-      switched = api.cuCtxSetCurrent(c) == CUDA_SUCCESS;
-  }
-  ~with_context() {
-    if (switched) driver::api().cuCtxSetCurrent(previous);
-  }
-};
-}  // namespace
-
-copy_clock::copy_clock(CUcontext context, CUstream stream) noexcept {
-  if (!g_file.load(std::memory_order_relaxed) || t_clock) return;
+void copy_span(const void* stream, bool to_host, double start_us, double dur_us, const char* tag,
+               std::size_t bytes) noexcept {
+  if (!g_file.load(std::memory_order_relaxed)) return;
   try {
-    auto* c = new impl;
-    c->context = context;
-    with_context guard(context);
-    const auto& api = driver::api();
-    if (api.cuEventCreate(&c->base, CU_EVENT_DEFAULT) != CUDA_SUCCESS) {
-      delete c;
-      return;
+    state& s = st();
+    std::lock_guard lock(s.mutex);
+    auto [it, fresh] = s.stream_tracks.emplace(stream, 0);
+    if (fresh) {
+      const int dir = to_host ? 0 : 1;
+      it->second = 100000 + dir * 1000 + ++s.tracks[dir];
+      const std::string label =
+          std::string(to_host ? "copies D2H " : "copies H2D ") + std::to_string(s.tracks[dir]);
+      add_locked(s, "{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":" + std::to_string(getpid()) +
+                        ",\"tid\":" + std::to_string(it->second) +
+                        ",\"args\":{\"name\":" + quoted(label.c_str()) + "}}");
     }
-    // Note [trace clock]: the host time before the record, and no wait.
-    c->base_us = now_us();
-    if (api.cuEventRecord(c->base, stream) != CUDA_SUCCESS) {
-      api.cuEventDestroy(c->base);
-      delete c;
-      return;
-    }
-    impl_ = c;
-    t_clock = c;
+    add_locked(s, complete_event(to_host ? "copy D2H" : "copy H2D", "copy", start_us, dur_us,
+                                 it->second, tag, bytes));
   } catch (...) {
   }
 }
 
-copy_clock::~copy_clock() {
-  if (!impl_) return;
-  t_clock = nullptr;
-  impl& c = *impl_;
-  with_context guard(c.context);
-  const auto& api = driver::api();
-  std::vector<std::string> events;
-  std::map<CUstream, double> last_end;
-  for (const copy_piece& p : c.pieces) {
-    float ms = 0;
-    const bool timed = api.cuEventSynchronize(p.end) == CUDA_SUCCESS &&
-                       api.cuEventElapsedTime(&ms, c.base, p.end) == CUDA_SUCCESS;
-    api.cuEventDestroy(p.end);
-    if (!timed) continue;  // a failed copy: the switch's own span and log say so
-    const double end = c.base_us + ms * 1e3;
-    double& prev = last_end[p.stream];
-    const double start = std::min(end, std::max(prev, p.queued_us));
-    prev = end;
-    try {
-      state& s = st();
-      std::lock_guard lock(s.mutex);
-      auto [it, fresh] = s.stream_tracks.emplace(p.stream, 0);
-      if (fresh) {
-        const int dir = p.to_host ? 0 : 1;
-        it->second = 100000 + dir * 1000 + ++s.tracks[dir];
-        const std::string label =
-            std::string(p.to_host ? "copies D2H " : "copies H2D ") + std::to_string(s.tracks[dir]);
-        add_locked(s, "{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":" + std::to_string(getpid()) +
-                          ",\"tid\":" + std::to_string(it->second) +
-                          ",\"args\":{\"name\":" + quoted(label.c_str()) + "}}");
-      }
-      add_locked(s, complete_event(p.to_host ? "copy D2H" : "copy H2D", "copy", start, end - start,
-                                   it->second, p.tag, p.bytes));
-    } catch (...) {
-    }
-  }
-  api.cuEventDestroy(c.base);
-  delete impl_;
-}
-
-void copy_queued(CUstream stream, bool to_host, const char* tag, std::size_t bytes) noexcept {
-  if (!on() || !t_clock) return;
-  try {
-    const auto& api = driver::api();
-    CUevent e = nullptr;
-    if (api.cuEventCreate(&e, CU_EVENT_DEFAULT) != CUDA_SUCCESS) return;
-    if (api.cuEventRecord(e, stream) != CUDA_SUCCESS) {
-      api.cuEventDestroy(e);
-      return;
-    }
-    try {
-      t_clock->pieces.push_back({stream, e, now_us(), to_host, tag, bytes});
-    } catch (...) {
-      api.cuEventDestroy(e);
-    }
-  } catch (...) {
-  }
-}
+bool recording() noexcept { return g_file.load(std::memory_order_relaxed); }
 
 }  // namespace tagmem::trace

@@ -7,19 +7,12 @@
 //  - spans (complete events) on the thread that does the work: a whole phase switch, its
 //    planning, each unmap, each map, each background release batch, each pinning of host memory;
 //  - one span per copy piece on a track per copy stream, timed on the device with events
-//    (copy_clock): the piece ends when the device says so, not when the host looked;
+//    (copy_clock.hpp, which needs the driver and so sits above it): the piece ends when the
+//    device says so, not when the host looked;
 //  - counters: mapped bytes per tag, pinned host bytes, free device memory.
 // The file is rewritten whole (written beside it, then renamed) at exit, at tagmem_shutdown and at
 // tagmem_trace_flush, so it is valid JSON at any time whatever the number of threads.
-// Note [trace clock]: device times are placed on the host clock through one event per phase
-// switch, recorded on a copy stream before the switch queues its first copy, with the host time
-// taken just before the record. The device reaches the event at or after that time (later only
-// if the stream was still busy, which between switches it is not), so a copy is never placed
-// later than it ran, and its start is never placed before it was queued. Nothing waits for the
-// event: tracing does not hold the switch up.
 #pragma once
-
-#include <cuda.h>
 
 #include <atomic>
 #include <cstddef>
@@ -80,25 +73,12 @@ void counter(const std::string& name, std::uint64_t value) noexcept;
 // Starts the mapped-bytes counter of `tag` at `value` (the base that map/unmap spans move).
 void set_mapped(const char* tag, std::uint64_t value) noexcept;
 
-// Device-timed copy pieces of one phase switch, on the calling thread (Note [trace clock]).
-class copy_clock {
- public:
-  // Records the base event on `stream` (Note [trace clock]); `context` is made current meanwhile.
-  copy_clock(CUcontext context, CUstream stream) noexcept;
-  // Waits for every recorded piece, turns them into spans, frees the events.
-  ~copy_clock();
-  copy_clock(const copy_clock&) = delete;
-  copy_clock& operator=(const copy_clock&) = delete;
-
-  struct impl;  // the pieces recorded so far (trace.cpp)
-
- private:
-  impl* impl_ = nullptr;
-};
-
-// After queueing one copy on `stream`: records its end for the copy_clock of this thread's
-// current phase switch (nothing if there is none). `to_host`: device to host.
-void copy_queued(CUstream stream, bool to_host, const char* tag, std::size_t bytes) noexcept;
+// One device-timed copy piece as a span on the track of its copy stream (`stream` identifies
+// the track; tracks are named "copies D2H n" / "copies H2D n"): copy_clock.hpp's output.
+void copy_span(const void* stream, bool to_host, double start_us, double dur_us, const char* tag,
+               std::size_t bytes) noexcept;
+// Whether events are being kept for a file (TAGMEM_TRACE names one).
+bool recording() noexcept;
 
 // Microseconds on the trace's clock (steady, since the process started tracing).
 double now_us() noexcept;
