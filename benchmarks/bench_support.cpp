@@ -15,7 +15,7 @@
 #include <thread>
 
 #include "observe/json_text.hpp"
-#include "options.hpp"
+#include "options/options.hpp"
 
 namespace tagmem::bench {
 

@@ -20,7 +20,7 @@
 #include <thread>
 
 #include "bench_support.hpp"
-#include "host_pinning.hpp"
+#include "host/host_pinning.hpp"
 
 using namespace tagmem;
 using namespace tagmem::bench;

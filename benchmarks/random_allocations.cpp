@@ -16,7 +16,7 @@
 #include <random>
 
 #include "bench_support.hpp"
-#include "options.hpp"
+#include "options/options.hpp"
 #include "tagmem/tagmem.h"
 
 using namespace tagmem::bench;

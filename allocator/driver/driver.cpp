@@ -14,10 +14,10 @@
 #include <cstdlib>
 #include <mutex>
 
-#include "fork_guard.hpp"
-#include "observe/driver_log.hpp"
+#include "base/fork_guard.hpp"
+#include "driver/driver_log.hpp"
 #include "observe/log.hpp"
-#include "options.hpp"
+#include "options/options.hpp"
 
 namespace tagmem::driver {
 namespace {

@@ -16,7 +16,7 @@
 
 #include <string>
 
-#include "error.hpp"
+#include "base/error.hpp"
 
 namespace tagmem::driver {
 

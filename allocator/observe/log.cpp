@@ -8,7 +8,7 @@
 #include <mutex>
 
 #include "observe/trace.hpp"
-#include "options.hpp"
+#include "options/options.hpp"
 
 namespace tagmem {
 namespace {

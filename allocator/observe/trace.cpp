@@ -11,9 +11,9 @@
 #include <mutex>
 #include <vector>
 
-#include "error.hpp"
+#include "base/error.hpp"
 #include "observe/json_text.hpp"
-#include "options.hpp"
+#include "options/options.hpp"
 
 #if __has_include(<nvtx3/nvToolsExt.h>)
 #include <nvtx3/nvToolsExt.h>

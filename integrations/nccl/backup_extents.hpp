@@ -8,7 +8,7 @@
 
 #include <cstddef>
 
-#include "runtime.hpp"
+#include "api/runtime.hpp"
 
 namespace tagmem::nccl {
 

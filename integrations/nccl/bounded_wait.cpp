@@ -13,7 +13,7 @@
 #include <system_error>
 #include <thread>
 
-#include "runtime.hpp"
+#include "api/runtime.hpp"
 
 namespace tagmem::nccl {
 namespace {

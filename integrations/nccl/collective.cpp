@@ -76,7 +76,7 @@
 #include "messages.hpp"
 #include "record_moves.hpp"
 #include "records.hpp"
-#include "runtime.hpp"
+#include "api/runtime.hpp"
 
 namespace tagmem::nccl {
 namespace {

@@ -17,7 +17,7 @@
 
 #include "private_dir.hpp"
 #include "rendezvous_point.hpp"
-#include "runtime.hpp"
+#include "api/runtime.hpp"
 
 namespace tagmem::nccl {
 namespace {

@@ -15,7 +15,7 @@
 #include <new>
 
 #include "records.hpp"
-#include "runtime.hpp"
+#include "api/runtime.hpp"
 
 namespace tagmem::nccl {
 namespace {

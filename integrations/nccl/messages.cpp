@@ -1,7 +1,7 @@
 // messages.cpp — encoding and checked decoding of the group's payloads (see header).
 #include "messages.hpp"
 
-#include "runtime.hpp"
+#include "api/runtime.hpp"
 #include "wire.hpp"
 
 namespace tagmem::nccl {

@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "process_identity.hpp"
-#include "runtime.hpp"
+#include "api/runtime.hpp"
 #include "tagmem/tagmem.h"
 
 namespace tagmem::nccl {

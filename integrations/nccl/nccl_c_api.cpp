@@ -4,7 +4,7 @@
 // tagmem_last_error(), nothing aborts. NCCL's memory is not in a tagmem arena, but it is the tag
 // TAGMEM_NCCL_TAG to tagmem's own calls: registered here, when the library is loaded.
 #include "collective.hpp"
-#include "runtime.hpp"
+#include "api/runtime.hpp"
 #include "step_log.hpp"
 #include "tagmem/tagmem_nccl.h"
 

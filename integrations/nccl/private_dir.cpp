@@ -10,7 +10,7 @@
 #include <cstdlib>
 #include <cstring>
 
-#include "runtime.hpp"
+#include "api/runtime.hpp"
 
 namespace tagmem::nccl {
 namespace {

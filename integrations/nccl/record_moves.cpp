@@ -5,7 +5,7 @@
 #include <new>
 #include <string>
 
-#include "runtime.hpp"
+#include "api/runtime.hpp"
 
 namespace tagmem::nccl {
 namespace {

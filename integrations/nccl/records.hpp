@@ -27,7 +27,7 @@
 #include <mutex>
 
 #include "process_identity.hpp"
-#include "runtime.hpp"
+#include "api/runtime.hpp"
 
 namespace tagmem::nccl {
 

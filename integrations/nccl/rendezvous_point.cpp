@@ -14,7 +14,7 @@
 #include <cstring>
 
 #include "private_dir.hpp"
-#include "runtime.hpp"
+#include "api/runtime.hpp"
 
 namespace tagmem::nccl {
 namespace {

@@ -4,7 +4,7 @@
 #include <string>
 
 #include "collective.hpp"
-#include "runtime.hpp"
+#include "api/runtime.hpp"
 
 namespace tagmem::nccl {
 

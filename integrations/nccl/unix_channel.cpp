@@ -10,7 +10,7 @@
 #include <cerrno>
 #include <cstring>
 
-#include "runtime.hpp"
+#include "api/runtime.hpp"
 
 namespace tagmem::nccl {
 namespace {

@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "runtime.hpp"
+#include "api/runtime.hpp"
 
 namespace tagmem::nccl {
 

@@ -38,7 +38,7 @@
 
 #include "real_symbols.hpp"
 #include "reentry_guard.hpp"
-#include "runtime.hpp"
+#include "api/runtime.hpp"
 #include "shim_config.hpp"
 #include "tagmem/tagmem.h"
 #include "tagmem/tagmem_preload.h"

@@ -10,7 +10,7 @@
 #include <mutex>
 
 #include "real_symbols.hpp"
-#include "runtime.hpp"
+#include "api/runtime.hpp"
 
 namespace tagmem::preload {
 namespace {

@@ -5,7 +5,7 @@
 // driver's functions and never the shim's wrappers. The real dlsym/dlvsym and the environment
 // are resolved now too, rather than lazily inside somebody else's dlsym call.
 #include "real_symbols.hpp"
-#include "runtime.hpp"
+#include "api/runtime.hpp"
 #include "shim_config.hpp"
 
 namespace {

@@ -7,7 +7,7 @@
 #include <optional>
 #include <string>
 
-#include "release_clock.hpp"
+#include "device/release_clock.hpp"
 #include "test_support.hpp"
 
 namespace tagmem::test {

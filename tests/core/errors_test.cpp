@@ -3,8 +3,8 @@
 #include <new>
 #include <stdexcept>
 
-#include "c_error.hpp"
-#include "error.hpp"
+#include "api/c_error.hpp"
+#include "base/error.hpp"
 #include "test_support.hpp"
 
 namespace tagmem::test {

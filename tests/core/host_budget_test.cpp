@@ -2,7 +2,7 @@
 // in host_budget.hpp): a BACKUP offload that does not fit fails with HOST_OUT_OF_MEMORY before
 // anything is pinned and leaves the tag resident with its bytes; the default budget's formula is
 // checked against fake /proc and cgroup files. Runs on both drivers.
-#include "host_budget.hpp"
+#include "host/host_budget.hpp"
 
 #include <unistd.h>
 

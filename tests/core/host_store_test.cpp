@@ -2,7 +2,7 @@
 // pinning method (Note [unpin keeps what it cannot release] in host_pinning.hpp, Note [trim keeps
 // what it cannot unpin] in host_store.cpp). Needs the emulator's fault injection, so the suites
 // are named Emulator* and excluded from the GPU run.
-#include "host_store.hpp"
+#include "host/host_store.hpp"
 
 #include <sys/mman.h>
 #include <unistd.h>
@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "host_pinning.hpp"
+#include "host/host_pinning.hpp"
 #include "test_support.hpp"
 
 namespace tagmem::test {

@@ -17,7 +17,7 @@
 #include <thread>
 #include <vector>
 
-#include "metadata_heap.hpp"
+#include "host/metadata_heap.hpp"
 
 int main() {
   constexpr std::size_t kTiB = std::size_t(1) << 40;

@@ -2,7 +2,7 @@
 // refuses a bad value of any setting in it with INVALID_ARGUMENT naming the variable and the
 // value; tagmem_config_describe reports each setting's value and origin; an unknown TAGMEM_*
 // name is warned about once; README's configuration table is the table's allocator part.
-#include "options.hpp"
+#include "options/options.hpp"
 
 #include <gtest/gtest.h>
 

@@ -15,13 +15,13 @@
 #include <memory>
 #include <thread>
 
-#include "block_pool.hpp"
-#include "config.hpp"
-#include "device.hpp"
-#include "host_pinning.hpp"
-#include "host_store.hpp"
+#include "device/block_pool.hpp"
+#include "options/config.hpp"
+#include "device/device.hpp"
+#include "host/host_pinning.hpp"
+#include "host/host_store.hpp"
 #include "test_support.hpp"
-#include "vm_arena.hpp"
+#include "device/vm_arena.hpp"
 
 namespace tagmem::test {
 namespace {

@@ -4,7 +4,7 @@
 // with the pinner at work is clean. wait_for_background_pinning() is the test hook that waits
 // for the pinner instead of sleeping. Runs on both drivers, except the Emulator* suite (which
 // counts pinned bytes in the emulator).
-#include "background_pinning.hpp"
+#include "host/background_pinning.hpp"
 #include "test_support.hpp"
 
 namespace tagmem::test {

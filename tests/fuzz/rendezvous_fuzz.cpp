@@ -13,7 +13,7 @@
 #include <cstdlib>
 #include <string>
 
-#include "error.hpp"
+#include "base/error.hpp"
 #include "messages.hpp"
 #include "unix_channel.hpp"
 

@@ -21,7 +21,7 @@
 #include <string>
 #include <vector>
 
-#include "error.hpp"
+#include "base/error.hpp"
 #include "group.hpp"
 #include "messages.hpp"
 

@@ -22,7 +22,7 @@
 #include <functional>
 #include <thread>
 
-#include "error.hpp"
+#include "base/error.hpp"
 #include "group.hpp"
 #include "messages.hpp"
 #include "rendezvous_point.hpp"

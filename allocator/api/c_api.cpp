@@ -1,0 +1,381 @@
+// c_api.cpp — the C ABI (include/tagmem/tagmem.h) over the registry.
+//
+// Every entry point runs its body through c_boundary (c_error.hpp), which turns any exception into
+// a status and a thread-local message, so no C caller ever sees an exception or an abort. The body
+// runs under a hold on the runtime (runtime.hpp), created on first use (or by tagmem_init with a
+// configuration) and destroyed by tagmem_shutdown, which waits for every hold. In a child
+// forked after tagmem started, both refuse before touching anything (Note [fork]). The external
+// tag (external_tag.hpp) is listed and counted beside the registry's tags.
+#include <atomic>
+#include <cstring>
+#include <mutex>
+#include <new>
+#include <string>
+
+#include "device/address_index.hpp"
+#include "api/c_error.hpp"
+#include "driver/driver.hpp"
+#include "tags/host_view.hpp"
+#include "host/metadata_heap.hpp"
+#include "observe/log.hpp"
+#include "registry/oom_message.hpp"
+#include "observe/trace.hpp"
+#include "options/options.hpp"
+#include "registry/registry.hpp"
+#include "api/runtime.hpp"
+#include "api/tag_scope.hpp"
+#include "tagmem/tagmem.h"
+
+namespace tagmem {
+namespace {
+
+// Runs `body` with the registry behind the C boundary, creating the registry with defaults on
+// first use.
+template <class F>
+tagmem_status guarded(F&& body) noexcept {
+  return c_boundary([&] {
+    runtime::hold h;
+    body(h.core());
+  });
+}
+
+// Note [enums from C]: a C caller may pass any int where the ABI has an enum, but in C++
+// loading an enum object whose value lies outside the enumeration's range is undefined
+// (UBSan's -fsanitize=enum reports it). Enum arguments are therefore read through their bytes
+// and checked before they are used as enums.
+int enum_bits(const void* e) {
+  int raw = 0;
+  std::memcpy(&raw, e, sizeof raw);
+  return raw;
+}
+static_assert(sizeof(tagmem_offload_mode) == sizeof(int) && sizeof(tagmem_status) == sizeof(int));
+
+tagmem_offload_mode checked_mode(const tagmem_offload_mode& mode) {
+  const int raw = enum_bits(&mode);
+  TAGMEM_EXPECTS(raw == TAGMEM_BACKUP || raw == TAGMEM_DISCARD, TAGMEM_ERROR_INVALID_ARGUMENT,
+                 "offload mode must be TAGMEM_BACKUP or TAGMEM_DISCARD");
+  return raw == TAGMEM_BACKUP ? TAGMEM_BACKUP : TAGMEM_DISCARD;
+}
+
+void expect_non_null(const void* p, const char* what) {
+  TAGMEM_EXPECTS(p != nullptr, TAGMEM_ERROR_INVALID_ARGUMENT, std::string(what) + " is NULL");
+}
+
+std::atomic<std::size_t> g_memory_margin{0};  // tagmem_set_memory_margin
+
+// Refuses `size` bytes on `d` when the driver's free memory would fall below the margin.
+void check_margin(registry& r, int d, std::size_t size) {
+  const std::size_t margin = g_memory_margin.load(std::memory_order_relaxed);
+  if (margin == 0) return;
+  std::size_t free_bytes = 0, total_bytes = 0;
+  r.dev(d).memory_info(&free_bytes, &total_bytes);
+  TAGMEM_EXPECTS(free_bytes >= margin && free_bytes - margin >= size, TAGMEM_ERROR_OUT_OF_MEMORY,
+                 "allocation of " + std::to_string(size) + " bytes refused: the device has " +
+                     std::to_string(free_bytes) + " bytes free and the memory margin is " +
+                     std::to_string(margin));
+}
+
+void malloc_in(registry& r, void** ptr, std::size_t size, const char* name, int device,
+               tagmem_stream stream) {
+  expect_non_null(ptr, "ptr");
+  *ptr = nullptr;
+  const int d = r.resolve_device(device);
+  explain_out_of_memory(r, d, "allocation in", &name, 1, size, [&] {
+    check_margin(r, d, size);
+    *ptr = r.allocate(size, name, d, stream);
+  });
+}
+
+}  // namespace
+}  // namespace tagmem
+
+using namespace tagmem;
+
+extern "C" {
+
+void tagmem_config_init(tagmem_config* config) {
+  if (!config) return;
+  std::memset(config, 0, sizeof(*config));
+  config->struct_size = sizeof(*config);
+}
+
+tagmem_status tagmem_init(const tagmem_config* config) {
+  return c_boundary([&] { runtime::start(make_config(config)); });
+}
+
+tagmem_status tagmem_config_describe(char* buf, size_t capacity, size_t* needed) {
+  return c_boundary([&] {
+    TAGMEM_EXPECTS(buf || capacity == 0, TAGMEM_ERROR_INVALID_ARGUMENT,
+                   "tagmem_config_describe: buf is NULL");
+    const std::string text = describe_options();
+    if (needed) *needed = text.size() + 1;
+    if (!buf) return;
+    TAGMEM_EXPECTS(text.size() < capacity, TAGMEM_ERROR_INVALID_ARGUMENT,
+                   "tagmem_config_describe: " + std::to_string(text.size() + 1) +
+                       " bytes needed, " + std::to_string(capacity) + " given");
+    std::memcpy(buf, text.c_str(), text.size() + 1);
+  });
+}
+
+tagmem_status tagmem_shutdown(void) {
+  return c_boundary([] {
+    runtime::stop();
+    note_config_fields({});
+    try {
+      trace::close();  // a trace that cannot be written does not fail the shutdown
+    } catch (const std::exception& e) {
+      log_line(e.what());
+    }
+  });
+}
+
+const char* tagmem_last_error(void) { return last_c_error(); }
+
+const char* tagmem_status_string(tagmem_status status) {
+  switch (enum_bits(&status)) {  // Note [enums from C]
+#define TAGMEM_NAME(s) \
+  case s:              \
+    return #s;
+    TAGMEM_NAME(TAGMEM_SUCCESS)
+    TAGMEM_NAME(TAGMEM_ERROR_INVALID_ARGUMENT)
+    TAGMEM_NAME(TAGMEM_ERROR_UNKNOWN_TAG)
+    TAGMEM_NAME(TAGMEM_ERROR_TAG_OFFLOADED)
+    TAGMEM_NAME(TAGMEM_ERROR_TAG_RESIDENT)
+    TAGMEM_NAME(TAGMEM_ERROR_UNKNOWN_POINTER)
+    TAGMEM_NAME(TAGMEM_ERROR_OUT_OF_MEMORY)
+    TAGMEM_NAME(TAGMEM_ERROR_HOST_OUT_OF_MEMORY)
+    TAGMEM_NAME(TAGMEM_ERROR_DRIVER)
+    TAGMEM_NAME(TAGMEM_ERROR_NO_DRIVER)
+    TAGMEM_NAME(TAGMEM_ERROR_SCOPE_EMPTY)
+    TAGMEM_NAME(TAGMEM_ERROR_PEER)
+    TAGMEM_NAME(TAGMEM_ERROR_TIMEOUT)
+    TAGMEM_NAME(TAGMEM_ERROR_INTERNAL)
+    TAGMEM_NAME(TAGMEM_ERROR_FORKED)
+#undef TAGMEM_NAME
+  }
+  return "TAGMEM_UNKNOWN_STATUS";
+}
+
+tagmem_status tagmem_push_tag(const char* tag) {
+  // The name first: a bad one is INVALID_ARGUMENT even where tagmem cannot initialise.
+  if (tagmem_status s = c_boundary([&] { check_tag_name(tag); }); s != TAGMEM_SUCCESS) return s;
+  return guarded([&](registry& r) {
+    r.get_or_create(r.resolve_device(TAGMEM_CURRENT_DEVICE), tag);  // tagmem.h: exists from here
+    push_tag(tag);
+  });
+}
+
+tagmem_status tagmem_pop_tag(void) {
+  return c_boundary([] { pop_tag(); });
+}
+
+const char* tagmem_current_tag(void) { return current_tag(); }
+
+tagmem_status tagmem_malloc(void** ptr, size_t size, int device, tagmem_stream stream) {
+  if (ptr) *ptr = nullptr;  // also when initialising tagmem fails
+  return guarded([&](registry& r) { malloc_in(r, ptr, size, current_tag(), device, stream); });
+}
+
+tagmem_status tagmem_malloc_tagged(void** ptr, size_t size, const char* tag, int device,
+                                   tagmem_stream stream) {
+  if (ptr) *ptr = nullptr;  // also when initialising tagmem fails
+  return guarded([&](registry& r) { malloc_in(r, ptr, size, tag, device, stream); });
+}
+
+tagmem_status tagmem_free(void* ptr, tagmem_stream stream) {
+  return guarded([&](registry&) {
+    auto address = reinterpret_cast<CUdeviceptr>(ptr);
+    tagmem::tag* t = global_address_index().find(address);
+    TAGMEM_EXPECTS(t, TAGMEM_ERROR_UNKNOWN_POINTER,
+                   "tagmem_free: " + std::to_string(address) + " was not allocated by tagmem");
+    std::lock_guard lock(t->mutex());
+    TAGMEM_EXPECTS(t->pool().free(address, stream), TAGMEM_ERROR_UNKNOWN_POINTER,
+                   "tagmem_free: " + std::to_string(address) + " in tag '" + t->name() +
+                       "' is not a live allocation (already freed, or not its start)");
+    t->counters().free_count++;
+  });
+}
+
+tagmem_status tagmem_pointer_info(const void* ptr, char* tag, size_t tag_len, int* device,
+                                  void** base, size_t* size) {
+  return guarded([&](registry&) {
+    auto address = reinterpret_cast<CUdeviceptr>(ptr);
+    tagmem::tag* t = global_address_index().find(address);
+    TAGMEM_EXPECTS(t, TAGMEM_ERROR_UNKNOWN_POINTER, "pointer was not allocated by tagmem");
+    std::lock_guard lock(t->mutex());
+    block* b = t->pool().find_containing(address);
+    TAGMEM_EXPECTS(b, TAGMEM_ERROR_UNKNOWN_POINTER, "pointer is not inside a live allocation");
+    if (tag && tag_len) {
+      std::strncpy(tag, t->name(), tag_len - 1);
+      tag[tag_len - 1] = '\0';
+    }
+    if (device) *device = t->dev().ordinal();
+    if (base) *base = reinterpret_cast<void*>(b->ptr);
+    if (size) *size = b->requested;
+  });
+}
+
+tagmem_status tagmem_offload(const char* const* tags, size_t count, int device,
+                             tagmem_offload_mode mode) {
+  return guarded([&](registry& r) {
+    r.offload(tags, count, r.resolve_device(device), checked_mode(mode));  // Note [enums from C]
+  });
+}
+
+tagmem_status tagmem_reload(const char* const* tags, size_t count, int device) {
+  return guarded([&](registry& r) {
+    const int d = r.resolve_device(device);
+    explain_out_of_memory(r, d, "reload of", tags, count, 0, [&] { r.reload(tags, count, d); });
+  });
+}
+
+tagmem_status tagmem_swap(const char* const* out_tags, size_t out_count, const char* const* in_tags,
+                          size_t in_count, int device, tagmem_offload_mode mode) {
+  return guarded([&](registry& r) {
+    const int d = r.resolve_device(device);
+    explain_out_of_memory(r, d, "swap bringing in", in_tags, in_count, 0, [&] {
+      r.swap(out_tags, out_count, in_tags, in_count, d, checked_mode(mode));  // Note [enums from C]
+    });
+  });
+}
+
+tagmem_status tagmem_empty_cache(int device) {
+  return guarded([&](registry& r) { r.empty_cache(r.resolve_device(device)); });
+}
+
+tagmem_status tagmem_wait_released(int device) {
+  return guarded([&](registry& r) { r.wait_released(r.resolve_device(device)); });
+}
+
+tagmem_status tagmem_tag_plan_offload(const char* tag, int device, tagmem_offload_mode mode) {
+  return guarded([&](registry& r) {
+    r.plan_offload(tag, r.resolve_device(device), checked_mode(mode));  // Note [enums from C]
+  });
+}
+
+tagmem_status tagmem_release_physical(int device) {
+  return guarded([&](registry& r) {
+    tagmem::device& d = r.dev(r.resolve_device(device));
+    context_guard guard(d.context());  // parked mappings are unmapped first
+    d.recycler().release_all(d.releases());
+  });
+}
+
+tagmem_status tagmem_host_reserve(size_t bytes, int wait) {
+  return guarded([&](registry& r) {
+    r.store().reserve(bytes, wait ? host_store::growth::now : host_store::growth::in_background);
+  });
+}
+
+tagmem_status tagmem_host_trim(size_t keep_bytes) {
+  return guarded([&](registry& r) { r.store().trim(keep_bytes); });
+}
+
+tagmem_status tagmem_tag_stats_get(const char* tag, int device, tagmem_tag_stats* out) {
+  return guarded([&](registry& r) {
+    expect_non_null(out, "out");
+    if (const external_tag* x = find_external_tag(tag)) {
+      *out = x->stats(r.resolve_device(device));
+      return;
+    }
+    tagmem::tag& t = r.get(r.resolve_device(device), tag);
+    std::lock_guard lock(t.mutex());
+    *out = t.stats();
+  });
+}
+
+tagmem_status tagmem_device_stats_get(int device, tagmem_device_stats* out) {
+  return guarded([&](registry& r) {
+    expect_non_null(out, "out");
+    int d = r.resolve_device(device);
+    tagmem_device_stats s{};
+    for (tagmem::tag* t : r.tags(d)) {
+      std::lock_guard lock(t->mutex());
+      tagmem_tag_stats ts = t->stats();
+      s.allocated_bytes += ts.allocated_bytes;
+      s.reserved_bytes += ts.reserved_bytes;
+      s.mapped_bytes += ts.mapped_bytes;
+      s.tags++;
+    }
+    if (const external_tag* x = registered_external_tag(); x && x->listed(d)) {
+      tagmem_tag_stats ts = x->stats(d);
+      s.allocated_bytes += ts.allocated_bytes;
+      s.reserved_bytes += ts.reserved_bytes;
+      s.mapped_bytes += ts.mapped_bytes;
+      s.tags++;
+    }
+    r.dev(d).memory_info(&s.device_free_bytes, &s.device_total_bytes);
+    s.release_pending_bytes = r.dev(d).releases().pending_bytes() + r.dev(d).recycler().bytes();
+    host_store_stats hs = r.store().stats();
+    s.host_pinned_bytes = hs.pinned_bytes;
+    s.host_pinned_high_water = hs.high_water;
+    s.host_used_bytes = hs.used_bytes;
+    s.host_budget_bytes = hs.budget_bytes;
+    *out = s;
+  });
+}
+
+tagmem_status tagmem_list_tags(int device, char (*names)[TAGMEM_MAX_TAG_NAME + 1], size_t capacity,
+                               size_t* count) {
+  return guarded([&](registry& r) {
+    expect_non_null(count, "count");
+    TAGMEM_EXPECTS(names || capacity == 0, TAGMEM_ERROR_INVALID_ARGUMENT, "names is NULL");
+    const int d = r.resolve_device(device);
+    meta_vector<const char*> list;
+    for (tagmem::tag* t : r.tags(d)) list.push_back(t->name());
+    if (const external_tag* x = registered_external_tag(); x && x->listed(d)) {
+      list.push_back(x->name);
+    }
+    for (std::size_t i = 0; i < list.size() && i < capacity; ++i) {
+      std::strncpy(names[i], list[i], TAGMEM_MAX_TAG_NAME);
+      names[i][TAGMEM_MAX_TAG_NAME] = '\0';
+    }
+    *count = list.size();
+  });
+}
+
+tagmem_status tagmem_host_view(const void* ptr, int flags, void** host, size_t* bytes) {
+  return guarded([&](registry&) {
+    expect_non_null(host, "host");
+    expect_non_null(bytes, "bytes");
+    TAGMEM_EXPECTS((flags & ~TAGMEM_HOST_VIEW_WRITABLE) == 0, TAGMEM_ERROR_INVALID_ARGUMENT,
+                   "tagmem_host_view: unknown flags " + std::to_string(flags));
+    auto address = reinterpret_cast<CUdeviceptr>(ptr);
+    tagmem::tag* t = global_address_index().find(address);
+    TAGMEM_EXPECTS(t, TAGMEM_ERROR_UNKNOWN_POINTER,
+                   "tagmem_host_view: pointer was not allocated by tagmem");
+    std::lock_guard lock(t->mutex());
+    block* b = t->pool().find_containing(address);
+    TAGMEM_EXPECTS(b && address < b->ptr + b->requested, TAGMEM_ERROR_UNKNOWN_POINTER,
+                   "tagmem_host_view: pointer is not inside a live allocation");
+    host_span span =
+        backup_span(*t, address, b->ptr + b->requested, (flags & TAGMEM_HOST_VIEW_WRITABLE) != 0);
+    *host = span.host;
+    *bytes = span.bytes;
+  });
+}
+
+tagmem_status tagmem_set_keep_backup(const char* tag, int device, int keep) {
+  return guarded([&](registry& r) {
+    tagmem::tag& t = r.get(r.resolve_device(device), tag);
+    std::lock_guard lock(t.mutex());
+    t.set_keep_backup(keep != 0);
+  });
+}
+
+void tagmem_set_memory_margin(size_t bytes) {
+  g_memory_margin.store(bytes, std::memory_order_relaxed);
+}
+
+tagmem_status tagmem_trace_flush(void) {
+  return c_boundary([] { trace::flush(); });
+}
+
+size_t tagmem_memory_margin(void) { return g_memory_margin.load(std::memory_order_relaxed); }
+
+const char* tagmem_metadata_heap(void) {
+  return tagmem::current_metadata_allocator() == tagmem::metadata_allocator::mimalloc ? "mimalloc"
+                                                                                      : "system";
+}
+
+}  // extern "C"

@@ -1,0 +1,81 @@
+// runtime.cpp — the one process-wide registry and its lifetime (see runtime.hpp).
+#include "api/runtime.hpp"
+
+#include <atomic>
+#include <mutex>
+
+#include "registry/registry.hpp"
+
+namespace tagmem::runtime {
+namespace {
+
+std::shared_mutex g_lifetime;  // shared: a hold; exclusive: start and stop
+// Written under g_lifetime held exclusively; atomic for store_if_started, which reads it
+// without the lock.
+std::atomic<registry*> g_registry{nullptr};
+
+}  // namespace
+
+hold::hold() {
+  for (;;) {
+    std::shared_lock lock(g_lifetime);
+    if (registry* r = g_registry.load()) {
+      lock_ = std::move(lock);
+      r_ = r;
+      return;
+    }
+    lock.unlock();
+    std::unique_lock create(g_lifetime);
+    if (!g_registry.load()) g_registry.store(new registry(make_config(nullptr)));
+  }
+}
+
+const config& hold::settings() const noexcept { return r_->settings(); }
+
+device& hold::dev(int ordinal) const { return r_->dev(ordinal); }
+
+host_store& hold::store() const { return r_->store(); }
+
+void start(const config& cfg) {
+  std::unique_lock lock(g_lifetime);
+  TAGMEM_EXPECTS(!g_registry.load(), TAGMEM_ERROR_INVALID_ARGUMENT,
+                 "tagmem is already initialised; call tagmem_shutdown() first");
+  g_registry.store(new registry(cfg));
+}
+
+void stop() {
+  std::unique_lock lock(g_lifetime);
+  if (const external_tag* t = registered_external_tag(); t && g_registry.load()) {
+    std::string why = t->keeps_runtime();
+    TAGMEM_EXPECTS(why.empty(), TAGMEM_ERROR_TAG_OFFLOADED, "tagmem_shutdown: " + why);
+  }
+  delete g_registry.exchange(nullptr);
+}
+
+host_store* store_if_started() noexcept {
+  registry* r = g_registry.load();
+  return r ? r->existing_store() : nullptr;
+}
+
+CUresult synchronize_device(int device) noexcept {
+  const driver::table& d = driver::api();
+  CUdevice dev = 0;
+  CUcontext ctx = nullptr;
+  if (CUresult r = d.cuDeviceGet(&dev, device); r != CUDA_SUCCESS) return r;
+  if (CUresult r = d.cuDevicePrimaryCtxRetain(&ctx, dev); r != CUDA_SUCCESS) return r;
+  // Current for the wait, as tagmem's own waits make it, so that the wait means the same
+  // whether the driver's cuCtxSynchronize acts on its argument or on the current context.
+  CUcontext previous = nullptr;
+  CUresult r = d.cuCtxGetCurrent(&previous);
+  bool switched = false;
+  if (r == CUDA_SUCCESS && previous != ctx) {
+    r = d.cuCtxSetCurrent(ctx);
+    switched = r == CUDA_SUCCESS;
+  }
+  if (r == CUDA_SUCCESS) r = d.cuCtxSynchronize(ctx);
+  if (switched) d.cuCtxSetCurrent(previous);
+  d.cuDevicePrimaryCtxRelease(dev);
+  return r;
+}
+
+}  // namespace tagmem::runtime

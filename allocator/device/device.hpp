@@ -1,0 +1,92 @@
+// device.hpp — what tagmem keeps per CUDA device: its primary context, allocation properties,
+// dedicated copy streams, a pool of events, the queue of memory being released and the memory
+// kept for recycling.
+//
+// tagmem works in each device's primary context (the one the CUDA runtime and PyTorch use), so
+// its streams and copies interoperate with the application's. context_guard makes that context
+// current for the calling thread and restores whatever was current before.
+#pragma once
+
+#include <cuda.h>
+
+#include <cstddef>
+#include <mutex>
+
+#include "options/config.hpp"
+#include "driver/context_guard.hpp"
+#include "device/kernel_copy.hpp"
+#include "host/metadata_heap.hpp"
+#include "device/physical_recycler.hpp"
+#include "device/release_queue.hpp"
+
+namespace tagmem {
+
+class device {
+ public:
+  device(int ordinal, const config& cfg);  // retains the primary context; throws DRIVER
+  ~device();
+  device(const device&) = delete;
+  device& operator=(const device&) = delete;
+
+  int ordinal() const noexcept { return ordinal_; }
+  CUcontext context() const noexcept { return context_; }
+  std::size_t granularity() const noexcept { return granularity_; }
+  std::size_t total_bytes() const noexcept { return total_bytes_; }
+  const CUmemAllocationProp& allocation_prop() const noexcept { return prop_; }
+  const CUmemAccessDesc& access_desc() const noexcept { return access_; }
+
+  // Copy streams, `copy_streams` per direction (non-blocking, so the legacy default stream does
+  // not serialise them with the application's work).
+  CUstream d2h_stream(std::size_t i) const noexcept { return d2h_[i % d2h_.size()]; }
+  CUstream h2d_stream(std::size_t i) const noexcept { return h2d_[i % h2d_.size()]; }
+  std::size_t copy_stream_count() const noexcept { return h2d_.size(); }
+  // The copy kernel (Note [copy kernel]) when this reload should share its copies with it: the
+  // setting and the release clock allow it and the kernel loaded. Null otherwise.
+  kernel_copy* copy_kernel_now() noexcept;
+  // Whether the setting and the release clock want the copy kernel now (a reload that has it
+  // gives it no more pieces once this turns false).
+  bool copy_kernel_wanted() const noexcept;
+  // Waits for all of them (and the copy kernel's stream), also after one fails; returns the
+  // first failure / throws it.
+  CUresult wait_copy_streams() noexcept;
+  void synchronize_copy_streams();
+
+  // Events without timing, recycled; acquire throws DRIVER.
+  CUevent acquire_event();
+  void release_event(CUevent e) noexcept;
+
+  // Makes `waiter` wait for all work queued on `producer` so far. No-op when they are equal.
+  void order_after(CUstream waiter, CUstream producer);
+  // Blocks the calling thread until all work queued on `producer` so far has finished.
+  void wait_on_host(CUstream producer);
+
+  // free and total device memory, as the driver reports them now.
+  void memory_info(std::size_t* free_bytes, std::size_t* total_bytes);
+
+  // Physical memory unmapped by DISCARD offloads and swaps, being released (Note [background
+  // release]).
+  release_queue& releases() noexcept { return releases_; }
+  // Unmapped physical memory kept to be mapped again (Note [physical recycling]).
+  physical_recycler& recycler() noexcept { return recycler_; }
+
+ private:
+  template <class Use>
+  void with_recorded(CUstream producer, Use use);
+
+  int ordinal_;
+  CUdevice dev_ = 0;
+  CUcontext context_ = nullptr;
+  std::size_t granularity_ = 0;
+  std::size_t total_bytes_ = 0;
+  CUmemAllocationProp prop_{};
+  CUmemAccessDesc access_{};
+  meta_vector<CUstream> d2h_, h2d_;
+  copy_kernel_use kernel_use_;
+  kernel_copy kernel_;
+  std::mutex events_mutex_;
+  meta_vector<CUevent> free_events_;
+  release_queue releases_;
+  physical_recycler recycler_;
+};
+
+}  // namespace tagmem

@@ -1,0 +1,248 @@
+// physical_recycler.cpp — kept physical handles and composite mappings (Note [physical
+// recycling] in physical_recycler.hpp).
+#include "device/physical_recycler.hpp"
+
+#include "device/device.hpp"
+#include "driver/driver.hpp"
+#include "base/error.hpp"
+#include "device/release_clock.hpp"
+
+namespace tagmem {
+
+physical_recycler::~physical_recycler() {
+  unpark_all_locked();  // no other thread can see the recycler any more
+  for (auto& [size, h] : kept_) driver::api().cuMemRelease(h);
+}
+
+bool physical_recycler::put(physical_part p) noexcept {
+  std::lock_guard lock(mutex_);
+  try {
+    kept_.emplace(p.size, p.handle);
+  } catch (...) {
+    return false;
+  }
+  bytes_ += p.size;
+  return true;
+}
+
+bool physical_recycler::park(CUdeviceptr va, std::size_t size,
+                             meta_vector<physical_part>& parts) noexcept {
+  std::lock_guard lock(mutex_);
+  try {
+    auto [it, inserted] = parked_.try_emplace(va);  // the record first: nothing moved if it throws
+    if (!inserted) return false;
+    it->second.size = size;
+    it->second.parts.swap(parts);
+  } catch (...) {
+    return false;
+  }
+  bytes_ += size;
+  parked_bytes_ += size;
+  return true;
+}
+
+bool physical_recycler::reclaim(CUdeviceptr va, meta_vector<physical_part>& out) noexcept {
+  std::lock_guard lock(mutex_);
+  auto it = parked_.find(va);
+  if (it == parked_.end()) return false;
+  out.clear();
+  out.swap(it->second.parts);
+  bytes_ -= it->second.size;
+  parked_bytes_ -= it->second.size;
+  parked_.erase(it);
+  return true;
+}
+
+CUresult physical_recycler::unpark_first_locked() noexcept {
+  auto it = parked_.begin();
+  CUresult r = driver::api().cuMemUnmap(it->first, it->second.size);
+  if (r != CUDA_SUCCESS) return r;
+  for (const physical_part& p : it->second.parts) {
+    try {
+      kept_.emplace(p.size, p.handle);
+      continue;
+    } catch (...) {  // no room for the record: the handle goes back to the driver instead
+    }
+    bytes_ -= p.size;
+    // If this fails too the handle leaks: there is no room to keep a record of it.
+    release_clock::release(p.handle, p.size);
+  }
+  parked_bytes_ -= it->second.size;
+  parked_.erase(it);
+  return CUDA_SUCCESS;
+}
+
+CUresult physical_recycler::unpark_all_locked() noexcept {
+  CUresult first = CUDA_SUCCESS;
+  // A mapping whose unmap fails stays parked, first in line: move past it by address.
+  meta_map<CUdeviceptr, parked_mapping> stuck(parked_.get_allocator());
+  while (!parked_.empty()) {
+    CUresult r = unpark_first_locked();
+    if (r == CUDA_SUCCESS) continue;
+    if (first == CUDA_SUCCESS) first = r;
+    stuck.insert(parked_.extract(parked_.begin()));  // a node move: cannot fail
+  }
+  parked_.swap(stuck);
+  return first;
+}
+
+void physical_recycler::take_up_to(std::size_t bytes, meta_vector<physical_part>& out) {
+  std::lock_guard lock(mutex_);
+  if (kept_.empty() && parked_.empty()) return;
+  // Room first, so that nothing is taken out of kept_ that cannot be handed over.
+  const std::size_t start = out.size();
+  const std::size_t most = kept_.size() + parked_.size();  // parked mappings: one part each, mostly
+  out.reserve(start + std::max<std::size_t>(1, std::min(most, bytes / (2u << 20))));
+  std::size_t left = bytes;
+  auto take_kept = [&] {
+    while (left != 0 && !kept_.empty() && out.size() < out.capacity()) {
+      auto it = kept_.upper_bound(left);  // the largest handle that fits in what is left
+      if (it == kept_.begin()) break;
+      --it;
+      out.push_back({it->second, it->first});  // within the room reserved above
+      left -= it->first;
+      bytes_ -= it->first;
+      kept_.erase(it);
+    }
+  };
+  take_kept();
+  // Then parked mappings, oldest first (Note [parked mappings]), while one of their handles fits.
+  meta_map<CUdeviceptr, parked_mapping> stuck(parked_.get_allocator());
+  while (left != 0 && !parked_.empty() && out.size() < out.capacity()) {
+    bool fits = false;
+    for (const physical_part& p : parked_.begin()->second.parts) fits |= p.size <= left;
+    if (!fits || unpark_first_locked() != CUDA_SUCCESS) {
+      stuck.insert(parked_.extract(parked_.begin()));  // left parked; a node move cannot fail
+      continue;
+    }
+    take_kept();
+  }
+  parked_.merge(stuck);
+}
+
+void physical_recycler::release_all(release_queue& q) noexcept {
+  decltype(kept_) all(kept_.get_allocator());
+  {
+    std::lock_guard lock(mutex_);
+    unpark_all_locked();  // one that fails to unmap stays parked, for the next attempt
+    all.swap(kept_);
+    bytes_ = parked_bytes_;
+  }
+  for (auto& [size, h] : all) {
+    try {
+      q.push(h, size);
+      continue;
+    } catch (...) {  // the thread cannot take it: release it here
+    }
+    if (driver::api().cuMemRelease(h) != CUDA_SUCCESS) {
+      std::lock_guard lock(mutex_);
+      try {
+        kept_.emplace(size, h);  // kept for the next attempt rather than leaked
+        bytes_ += size;
+      } catch (...) {
+      }
+    }
+  }
+}
+
+CUresult physical_recycler::release_now(std::size_t bytes) noexcept {
+  std::size_t released = 0;
+  CUresult first = CUDA_SUCCESS;
+  std::lock_guard lock(mutex_);
+  for (;;) {
+    for (auto it = kept_.begin(); it != kept_.end() && released < bytes;) {
+      CUresult r = release_clock::release(it->second, it->first);
+      if (r != CUDA_SUCCESS) {
+        if (first == CUDA_SUCCESS) first = r;
+        ++it;  // kept: a later attempt may succeed
+        continue;
+      }
+      released += it->first;
+      bytes_ -= it->first;
+      it = kept_.erase(it);
+    }
+    if (released >= bytes || parked_.empty()) return first;
+    // Not enough unmapped: the next parked mapping (Note [parked mappings]).
+    CUresult r = unpark_first_locked();
+    if (r != CUDA_SUCCESS) return first == CUDA_SUCCESS ? r : first;
+  }
+}
+
+std::size_t physical_recycler::bytes() const noexcept {
+  std::lock_guard lock(mutex_);
+  return bytes_;
+}
+
+std::size_t physical_recycler::parked_bytes() const noexcept {
+  std::lock_guard lock(mutex_);
+  return parked_bytes_;
+}
+
+namespace {
+
+// cuMemCreate of `bytes`; when the device is out of memory, kept handles and pending releases go
+// back to the driver first and it tries once more.
+CUmemGenericAllocationHandle create(device& dev, std::size_t bytes) {
+  const auto& api = driver::api();
+  CUmemGenericAllocationHandle handle = 0;
+  CUresult r = api.cuMemCreate(&handle, bytes, &dev.allocation_prop(), 0);
+  if (r == CUDA_ERROR_OUT_OF_MEMORY &&
+      (dev.recycler().bytes() != 0 || dev.releases().pending_bytes() != 0)) {
+    dev.recycler().release_now(bytes);
+    dev.releases().drain();  // Note [background release]
+    r = api.cuMemCreate(&handle, bytes, &dev.allocation_prop(), 0);
+  }
+  driver::check(r, "cuMemCreate");
+  return handle;
+}
+
+void dispose(device& dev, const physical_part& p, bool recycle) noexcept {
+  if (recycle && dev.recycler().put(p)) return;
+  if (release_clock::release(p.handle, p.size) == CUDA_SUCCESS) return;
+  try {
+    dev.releases().push(p.handle, p.size);  // tried again in the background and by every drain
+  } catch (...) {  // no memory even for that record: the handle leaks, nothing else is lost
+  }
+}
+
+}  // namespace
+
+meta_vector<physical_part> map_parts(device& dev, CUdeviceptr va, std::size_t bytes, bool recycle) {
+  const auto& api = driver::api();
+  meta_vector<physical_part> parts;
+  parts.reserve(1);
+  if (recycle) dev.recycler().take_up_to(bytes, parts);
+  std::size_t mapped = 0, at = 0;  // parts [0, mapped) are mapped, over [va, va + at)
+  std::size_t taken = parts.size();
+  auto undo = [&] {
+    const bool unmapped = at == 0 || api.cuMemUnmap(va, at) == CUDA_SUCCESS;
+    for (std::size_t i = 0; i < parts.size(); ++i) dispose(dev, parts[i], i < taken && unmapped);
+  };
+  try {
+    std::size_t covered = 0;
+    for (const physical_part& p : parts) covered += p.size;
+    if (covered < bytes) {
+      parts.reserve(parts.size() + 1);
+      parts.push_back({create(dev, bytes - covered), bytes - covered});
+    }
+    for (; mapped < parts.size(); ++mapped) {
+      CUresult r = api.cuMemMap(va + at, parts[mapped].size, 0, parts[mapped].handle, 0);
+      if (r != CUDA_SUCCESS) driver::throw_error(r, "cuMemMap");
+      at += parts[mapped].size;
+    }
+    CUresult r = api.cuMemSetAccess(va, bytes, &dev.access_desc(), 1);
+    if (r != CUDA_SUCCESS) driver::throw_error(r, "cuMemSetAccess");
+  } catch (...) {
+    undo();
+    throw;
+  }
+  return parts;
+}
+
+void unmap_parts(device& dev, CUdeviceptr va, std::size_t bytes,
+                 const meta_vector<physical_part>& parts, bool recycle) noexcept {
+  const bool unmapped = driver::api().cuMemUnmap(va, bytes) == CUDA_SUCCESS;
+  for (const physical_part& p : parts) dispose(dev, p, recycle && unmapped);
+}
+
+}  // namespace tagmem

@@ -1,0 +1,109 @@
+// release_queue.cpp — the background release thread (Note [background release]).
+#include "device/release_queue.hpp"
+
+#include "driver/driver.hpp"
+#include "base/error.hpp"
+#include "observe/trace.hpp"
+#include "device/release_clock.hpp"
+
+namespace tagmem {
+
+release_queue::~release_queue() {
+  drain();
+  {
+    std::lock_guard lock(mutex_);
+    stop_ = true;
+  }
+  changed_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+void release_queue::push(CUmemGenericAllocationHandle handle, std::size_t bytes) {
+  std::unique_lock lock(mutex_);
+  // Room for the record in both lists first, so that nothing can fail once it is queued (the
+  // thread moves failures into failed_ without allocating).
+  queued_.reserve(queued_.size() + 1);
+  failed_.reserve(failed_.size() + in_flight_ + queued_.size() + 1);
+  if (!thread_.joinable()) {
+    try {
+      thread_ = std::thread([this] { work(); });
+    } catch (const std::exception& ex) {
+      fail(TAGMEM_ERROR_DRIVER, std::string("cannot start the release thread: ") + ex.what());
+    }
+  }
+  queued_.push_back({handle, bytes});
+  pending_bytes_ += bytes;
+  lock.unlock();
+  changed_.notify_all();
+}
+
+void release_queue::work() noexcept {
+  std::unique_lock lock(mutex_);
+  meta_vector<item> batch;
+  for (;;) {
+    changed_.wait(lock, [&] { return stop_ || (!queued_.empty() && holds_ == 0); });
+    if (queued_.empty()) return;  // stop_ and nothing left
+    batch.swap(queued_);
+    in_flight_ = batch.size();
+    lock.unlock();
+    std::size_t released = release_all(batch);
+    lock.lock();
+    failed_.insert(failed_.end(), batch.begin(), batch.end());  // within what push() reserved
+    pending_bytes_ -= released;
+    batch.clear();
+    in_flight_ = 0;
+    changed_.notify_all();
+  }
+}
+
+std::size_t release_queue::release_all(meta_vector<item>& batch) noexcept {
+  trace::span span("release");
+  std::size_t released = 0;
+  std::erase_if(batch, [&](const item& it) {  // keeps the failures
+    if (release_clock::release(it.handle, it.bytes) != CUDA_SUCCESS) return false;
+    released += it.bytes;
+    return true;
+  });
+  return released;
+}
+
+CUresult release_queue::drain() noexcept {
+  std::unique_lock lock(mutex_);
+  // What is queued is released here rather than waited for (the thread may be held).
+  failed_.insert(failed_.end(), queued_.begin(), queued_.end());  // within push()'s reserve
+  queued_.clear();
+  changed_.wait(lock, [&] { return in_flight_ == 0; });
+  CUresult first = CUDA_SUCCESS;
+  std::erase_if(failed_, [&](const item& it) {
+    // Twice, so that a transient failure costs the same whichever thread met it first.
+    CUresult r = release_clock::release(it.handle, it.bytes);
+    if (r != CUDA_SUCCESS) r = release_clock::release(it.handle, it.bytes);
+    if (r != CUDA_SUCCESS) {
+      if (first == CUDA_SUCCESS) first = r;
+      return false;
+    }
+    pending_bytes_ -= it.bytes;
+    return true;
+  });
+  return first;
+}
+
+void release_queue::hold() noexcept {
+  std::lock_guard lock(mutex_);
+  ++holds_;
+}
+
+void release_queue::unhold() noexcept {
+  {
+    std::lock_guard lock(mutex_);
+    --holds_;
+  }
+  changed_.notify_all();
+}
+
+std::size_t release_queue::pending_bytes() const noexcept {
+  std::lock_guard lock(mutex_);
+  return pending_bytes_;
+}
+
+}  // namespace tagmem

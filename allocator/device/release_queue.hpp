@@ -1,0 +1,75 @@
+// release_queue.hpp — cuMemRelease of unmapped physical memory on a background thread.
+//
+// Note [background release]: the driver scrubs device memory when it gets it back, so cuMemRelease
+// costs time linear in bytes, whatever the chunk size and however many threads call it
+// (docs/performance.md, "Mapping costs"). A DISCARD offload copies nothing, so that release would
+// be its whole cost. Instead the offload unmaps (which is what makes the addresses fault and the
+// tag offloaded) and hands the handles to this queue, whose thread releases them while the caller
+// goes on. The bytes are back with the driver shortly after; until then:
+//  - tagmem itself never fails for want of them: map_physical() drains the queue and retries
+//    when cuMemCreate runs out of memory, and empty_cache and shutdown drain it;
+//  - other code (another process, cudaMalloc) can be made to wait with tagmem_wait_released();
+//    the torch_memory_saver and vLLM compat layers do so, and tagmem_device_stats reports the
+//    bytes still pending.
+// The thread is held back while an offload is still unmapping (hold()): a release running in the
+// driver slows the unmaps next to it, so they go first and the releases after.
+// A swap's out-side goes the same way: a release running while both directions copy slows the
+// copies (docs/performance.md, "Swap").
+// A handle whose release fails stays in the queue and is tried again by the next drain (and at
+// the latest by the destructor), so a transient failure leaks nothing (as Note [release later]).
+// TAGMEM_DISCARD_RELEASE=wait and TAGMEM_SWAP_RELEASE=inline release on the calling thread
+// instead.
+#pragma once
+
+#include <cuda.h>
+
+#include <condition_variable>
+#include <cstddef>
+#include <mutex>
+#include <thread>
+
+#include "host/metadata_heap.hpp"
+
+namespace tagmem {
+
+class release_queue {
+ public:
+  release_queue() = default;
+  ~release_queue();  // drains (once more trying failed releases) and stops the thread
+  release_queue(const release_queue&) = delete;
+  release_queue& operator=(const release_queue&) = delete;
+
+  // Queues `handle` (already unmapped everywhere) for release. Throws (OUT_OF_MEMORY for its
+  // record, DRIVER if the thread cannot start) with nothing queued: the caller then releases it
+  // itself.
+  void push(CUmemGenericAllocationHandle handle, std::size_t bytes);
+  // Releases what is queued on this thread, waits for what the thread is releasing, then tries
+  // the failed ones again (each handle at most twice here). Returns the first error
+  // (CUDA_SUCCESS when nothing is pending); handles that failed stay queued.
+  CUresult drain() noexcept;
+  // While held (calls nest), the thread starts no release; drain() still does.
+  void hold() noexcept;
+  void unhold() noexcept;
+  // Bytes queued or failed, not yet back with the driver.
+  std::size_t pending_bytes() const noexcept;
+
+ private:
+  struct item {
+    CUmemGenericAllocationHandle handle;
+    std::size_t bytes;
+  };
+  void work() noexcept;
+  static std::size_t release_all(meta_vector<item>& batch) noexcept;
+
+  mutable std::mutex mutex_;
+  std::condition_variable changed_;
+  meta_vector<item> queued_;  // waiting for the thread
+  meta_vector<item> failed_;  // cuMemRelease failed (or drain() took them); released by drain()
+  std::size_t pending_bytes_ = 0;
+  std::size_t in_flight_ = 0;  // records the thread took out of queued_ and is releasing
+  int holds_ = 0;
+  bool stop_ = false;
+  std::thread thread_;
+};
+
+}  // namespace tagmem

@@ -1,8 +1,0 @@
-// error.cpp — the throwing half of the error idiom (see error.hpp).
-#include "error.hpp"
-
-namespace tagmem {
-
-void fail(tagmem_status code, const std::string& message) { throw error(code, message); }
-
-}  // namespace tagmem

@@ -1,0 +1,300 @@
+// host_store.cpp — pinned slabs, extents and background pinning (see Note [pin once]).
+//
+// Free space is a map of ranges coalesced within a slab; an acquire takes ranges in address
+// order until it has its bytes, so its extents may come from several slabs (the copy pipeline
+// cuts copies at extent boundaries) and any free byte serves any request: there is no
+// fragmentation that would force pinning more in steady state.
+#include "host/host_store.hpp"
+
+#include <algorithm>
+#include <cstdint>
+#include <iterator>
+#include <string>
+#include <utility>
+
+#include "base/byte_math.hpp"
+#include "driver/driver.hpp"
+#include "base/error.hpp"
+#include "host/host_budget.hpp"
+
+namespace tagmem {
+namespace {
+
+constexpr std::size_t kPage = 2u << 20;
+
+}  // namespace
+
+host_store::host_store(std::size_t slab_bytes, CUcontext context, std::size_t max_bytes)
+    : slab_bytes_(round_up(slab_bytes, kPage)),
+      max_bytes_(max_bytes),
+      context_(context),
+      method_(pin_method_from_env()),
+      threads_(pin_threads_from_env()) {}
+
+host_store::~host_store() {
+  std::unique_lock lock(mutex_);
+  stop_background(lock);
+  // A slab whose unpin fails stays pinned and mapped for the life of the process: a destructor
+  // cannot report it, and unmapping it could pull pages from under the driver (Note [unpin keeps
+  // what it cannot release] in host_pinning.hpp). The others are unpinned all the same.
+  meta_vector<pinned_slab> all;
+  try {
+    all.reserve(slabs_.size());
+    for (auto& [base, s] : slabs_) all.push_back({base, s.size});
+  } catch (...) {  // no memory for the list: unpin one by one
+    for (auto& [base, s] : slabs_) (void)unpin_slab({base, s.size}, method_, context_);
+    return;
+  }
+  unpin_parallel(all.data(), all.size(), threads_, method_, context_);
+}
+
+void host_store::stop_background(std::unique_lock<std::mutex>& lock) {
+  target_bytes_ = 0;
+  changed_.wait(lock, [&] { return !background_running_; });
+  if (background_.joinable()) background_.join();  // it has left its last critical section
+}
+
+std::size_t host_store::free_bytes_locked() const {
+  return stats_.pinned_bytes - stats_.used_bytes;
+}
+
+void host_store::add_slab(pinned_slab r, std::size_t& added) {
+  std::lock_guard lock(mutex_);
+  slabs_.emplace(r.base, slab{r.size, 0});
+  try {
+    free_.emplace(r.base, r.size);
+  } catch (...) {
+    slabs_.erase(r.base);
+    throw;  // pin_parallel unpins it
+  }
+  stats_.pinned_bytes += r.size;
+  stats_.high_water = std::max(stats_.high_water, stats_.pinned_bytes);
+  growing_ -= r.size;  // now counted as pinned
+  added += r.size;
+  changed_.notify_all();
+}
+
+std::size_t host_store::budget_locked(std::size_t headroom) const {
+  std::size_t budget = stats_.pinned_bytes + std::min(headroom, SIZE_MAX - stats_.pinned_bytes);
+  return max_bytes_ ? std::min(budget, max_bytes_) : budget;
+}
+
+// Note [host budget]: the room is taken from the budget under the lock, before any page is
+// touched, so that growths on several threads cannot together pass it.
+std::size_t host_store::claim(std::size_t need, std::size_t asked, const char* what) {
+  const host_memory m = read_host_memory();  // file reads: outside the lock
+  const std::size_t headroom = host_headroom(m);
+  std::lock_guard lock(mutex_);
+  const std::size_t held = stats_.pinned_bytes + growing_;
+  const std::size_t budget = budget_locked(headroom);
+  const std::size_t room = (budget - std::min(budget, held)) / kPage * kPage;
+  if (need > room) {
+    std::string why =
+        max_bytes_ && budget == max_bytes_
+            ? "TAGMEM_HOST_MAX_BYTES=" + std::to_string(max_bytes_)
+            : "TAGMEM_HOST_MAX_BYTES " +
+                  (max_bytes_ ? "(" + std::to_string(max_bytes_) + ") is more than the default: "
+                              : std::string("is unset; the default: ")) +
+                  "what is pinned plus min(MemAvailable, free in each memory cgroup), less a "
+                  "margin of " +
+                  std::to_string(host_margin(m.total)) + " bytes; " + m.limited_by + " has " +
+                  std::to_string(m.available) + " bytes available";
+    fail(TAGMEM_ERROR_HOST_OUT_OF_MEMORY,
+         std::string(what) + " asks for " + std::to_string(asked) +
+             " bytes of pinned host memory: the pinned host store would have to grow by " +
+             std::to_string(need) + " bytes, but its host budget is " + std::to_string(budget) +
+             " bytes and it holds " + std::to_string(held) + " (" + why +
+             "); nothing was pinned or changed");
+  }
+  const std::size_t n = std::min(round_up(std::max(need, slab_bytes_), kPage), room);
+  growing_ += n;
+  return n;
+}
+
+void host_store::grow(std::size_t need, std::size_t asked, const char* what) {
+  const std::size_t bytes =
+      claim(round_up_checked(need, kPage, TAGMEM_ERROR_HOST_OUT_OF_MEMORY, what), asked, what);
+  std::size_t added = 0;  // guarded by mutex_
+  struct unclaim {
+    host_store& store;
+    std::size_t bytes;
+    std::size_t& added;
+    ~unclaim() {
+      std::lock_guard lock(store.mutex_);
+      store.growing_ -= bytes - added;  // slabs that failed
+    }
+  } give_back{*this, bytes, added};
+  pin_parallel(bytes, slab_bytes_, threads_, method_, context_,
+               [this, &added](pinned_slab r) { add_slab(r, added); });
+}
+
+meta_vector<host_extent> host_store::acquire(std::size_t bytes) {
+  std::unique_lock lock(mutex_);
+  while (free_bytes_locked() < bytes) {
+    if (background_running_ && stats_.pinned_bytes < target_bytes_) {
+      changed_.wait(lock);  // a reserve() is pinning; its slabs may be enough
+      continue;
+    }
+    std::size_t need = bytes - free_bytes_locked();
+    lock.unlock();
+    grow(need, bytes, "a backup");  // throws with nothing taken
+    lock.lock();
+  }
+  meta_vector<host_extent> out;
+  std::size_t left = bytes;
+  for (auto it = free_.begin(); left && it != free_.end();) {
+    std::size_t take = std::min(left, it->second);
+    out.push_back({it->first, take});  // may throw bad_alloc before anything changed below
+    auto slab_it = std::prev(slabs_.upper_bound(it->first));
+    slab_it->second.used += take;
+    char* start = it->first;
+    std::size_t rest = it->second - take;
+    it = free_.erase(it);
+    if (rest) it = free_.emplace_hint(it, start + take, rest);
+    left -= take;
+  }
+  stats_.used_bytes += bytes;
+  return out;
+}
+
+void host_store::give_back_locked(char* ptr, std::size_t size) {
+  auto slab_it = std::prev(slabs_.upper_bound(ptr));
+  slab_it->second.used -= size;
+  char* slab_start = slab_it->first;
+  char* slab_end = slab_start + slab_it->second.size;
+  auto next = free_.lower_bound(ptr);
+  if (next != free_.begin()) {
+    auto prev = std::prev(next);
+    if (prev->first + prev->second == ptr && prev->first >= slab_start) {
+      ptr = prev->first;
+      size += prev->second;
+      free_.erase(prev);
+    }
+  }
+  if (next != free_.end() && ptr + size == next->first && next->first < slab_end) {
+    size += next->second;
+    free_.erase(next);
+  }
+  free_.emplace(ptr, size);
+}
+
+void host_store::release(const meta_vector<host_extent>& extents) noexcept {
+  std::lock_guard lock(mutex_);
+  for (const host_extent& e : extents) {
+    give_back_locked(e.ptr, e.size);
+    stats_.used_bytes -= e.size;
+  }
+}
+
+void host_store::background_loop() {
+  for (;;) {
+    std::size_t need = 0;
+    {
+      std::lock_guard lock(mutex_);
+      if (stats_.pinned_bytes >= target_bytes_) break;
+      need = target_bytes_ - stats_.pinned_bytes;
+    }
+    try {
+      grow(need, need, "tagmem_host_reserve");
+    } catch (...) {
+      break;  // dropped: the next acquire pins for itself and reports its own failure
+    }
+  }
+  std::lock_guard lock(mutex_);
+  background_running_ = false;
+  changed_.notify_all();
+}
+
+void host_store::reserve(std::size_t bytes, growth how) {
+  // Refused here, not in the background: a target that can never be pinned would keep the
+  // background thread and every acquire waiting for it.
+  (void)round_up_checked(bytes, kPage, TAGMEM_ERROR_INVALID_ARGUMENT, "tagmem_host_reserve");
+  std::unique_lock lock(mutex_);
+  if (how == growth::now) {
+    changed_.wait(lock, [&] { return !background_running_; });
+    if (stats_.pinned_bytes >= bytes) return;
+    std::size_t need = bytes - stats_.pinned_bytes;
+    lock.unlock();
+    grow(need, bytes, "tagmem_host_reserve");
+    return;
+  }
+  target_bytes_ = std::max(target_bytes_, bytes);
+  if (background_running_ || stats_.pinned_bytes >= target_bytes_) return;
+  if (background_.joinable()) background_.join();  // finished: it cleared background_running_
+  background_running_ = true;
+  try {
+    background_ = std::thread([this] { background_loop(); });
+  } catch (...) {
+    background_running_ = false;
+    throw;
+  }
+}
+
+// Note [trim keeps what it cannot unpin]: the slabs to unpin leave the books under the lock, so
+// that no acquire takes from them while they are unpinned without it (on several threads). Their
+// map nodes are extracted, not erased: a slab whose unpin fails (it stays pinned and mapped, Note
+// [unpin keeps what it cannot release]) goes back as the free slab it was, counted as pinned,
+// without allocating, and trim then reports the failed call. Slabs unpinned fine stay unpinned.
+void host_store::trim(std::size_t keep_bytes) {
+  struct taken_slab {
+    decltype(slabs_)::node_type slab;
+    decltype(free_)::node_type free;
+  };
+  meta_vector<taken_slab> taken;
+  meta_vector<pinned_slab> doomed;
+  meta_vector<unpin_result> results;
+  {
+    std::unique_lock lock(mutex_);
+    target_bytes_ = std::min(target_bytes_, keep_bytes);
+    changed_.wait(lock, [&] { return !background_running_; });
+    taken.reserve(slabs_.size());  // these may throw, before anything changed
+    doomed.reserve(slabs_.size());
+    results.resize(slabs_.size());
+    for (auto it = slabs_.begin(); it != slabs_.end() && stats_.pinned_bytes > keep_bytes;) {
+      if (it->second.used || stats_.pinned_bytes - it->second.size < keep_bytes) {
+        ++it;  // holds a backup, or freeing it would go below keep_bytes
+        continue;
+      }
+      doomed.push_back({it->first, it->second.size});
+      stats_.pinned_bytes -= it->second.size;
+      auto next = std::next(it);
+      auto free_node = free_.extract(it->first);  // an unused slab is one free range
+      taken.push_back({slabs_.extract(it), std::move(free_node)});
+      it = next;
+    }
+  }
+  const std::size_t failed =
+      unpin_parallel(doomed.data(), doomed.size(), threads_, method_, context_, results.data());
+  if (failed == 0) return;
+  const unpin_result* first = nullptr;
+  std::size_t kept = 0;
+  {
+    std::lock_guard lock(mutex_);
+    for (std::size_t i = 0; i < doomed.size(); ++i) {
+      if (results[i].ok()) continue;
+      slabs_.insert(std::move(taken[i].slab));
+      free_.insert(std::move(taken[i].free));
+      stats_.pinned_bytes += doomed[i].size;
+      kept += doomed[i].size;
+      if (!first) first = &results[i];
+    }
+    // Another thread may have pinned more while these were out of the books.
+    stats_.high_water = std::max(stats_.high_water, stats_.pinned_bytes);
+    changed_.notify_all();
+  }
+  fail(TAGMEM_ERROR_DRIVER,
+       std::string(first->call) +
+           " failed while trimming the pinned host store: " + driver::describe(first->result) +
+           "; " + std::to_string(failed) + " of " + std::to_string(doomed.size()) + " slabs (" +
+           std::to_string(kept) + " bytes) stay pinned and usable");
+}
+
+host_store_stats host_store::stats() {
+  const std::size_t headroom = host_headroom(read_host_memory());  // outside the lock
+  std::lock_guard lock(mutex_);
+  host_store_stats s = stats_;
+  s.budget_bytes = budget_locked(headroom);
+  return s;
+}
+
+}  // namespace tagmem

@@ -1,0 +1,101 @@
+// host_store.hpp — the process-wide pinned host memory that holds BACKUP tags' bytes.
+//
+// Note [pin once]: pinning host memory costs far more than copying through it (docs/performance.md,
+// "Pinning"), so the store pins slabs once and keeps them: an offload takes extents from free slab
+// space, a reload gives them back, and later cycles reuse the same pinned pages; steady state pins
+// and unpins nothing, so the high-water mark stays flat from the second cycle on. Slabs are only
+// unpinned by trim() and destruction. Growing pins several slabs at once on several threads (Note
+// [pinning method] in host_pinning.hpp); reserve() does it ahead of need on a background thread,
+// and acquire() waits for that thread only while free space falls short of its request. The store
+// never grows past its host budget (Note [host budget] in host_budget.hpp): a growth that does not
+// fit fails before a page is touched.
+#pragma once
+
+#include <cuda.h>
+
+#include <condition_variable>
+#include <cstddef>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "host/host_pinning.hpp"
+#include "host/metadata_heap.hpp"
+
+namespace tagmem {
+
+struct host_extent {
+  char* ptr = nullptr;
+  std::size_t size = 0;
+};
+
+struct host_store_stats {
+  std::size_t pinned_bytes = 0;  // slabs held
+  std::size_t high_water = 0;    // most ever held
+  std::size_t used_bytes = 0;    // handed out in extents
+  std::size_t budget_bytes = 0;  // the most it may hold now (Note [host budget])
+};
+
+class host_store {
+ public:
+  // Reads TAGMEM_HOST_PIN and TAGMEM_HOST_PIN_THREADS (throws INVALID_ARGUMENT). max_bytes caps
+  // the store (TAGMEM_HOST_MAX_BYTES; 0: only the default budget of Note [host budget] applies).
+  host_store(std::size_t slab_bytes, CUcontext context, std::size_t max_bytes = 0);
+  // Stops background pinning after its current slabs and unpins every slab (one that cannot
+  // be unpinned stays pinned and mapped: Note [unpin keeps what it cannot release]).
+  ~host_store();
+  host_store(const host_store&) = delete;
+  host_store& operator=(const host_store&) = delete;
+
+  // Extents adding up to exactly `bytes`, pinning what free space lacks. Throws
+  // HOST_OUT_OF_MEMORY / DRIVER with nothing taken (slabs pinned on the way stay in the store).
+  meta_vector<host_extent> acquire(std::size_t bytes);
+  void release(const meta_vector<host_extent>& extents) noexcept;
+
+  // How reserve() grows the store.
+  enum class growth { now, in_background };
+  // Grows the store to at least `bytes` in total, now or on a background thread (a failure there
+  // is dropped: the next acquire pins what it needs and reports its own). Throws
+  // HOST_OUT_OF_MEMORY when that is beyond the budget, DRIVER.
+  void reserve(std::size_t bytes, growth how);
+  // Unpins slabs that hold no extent as long as at least keep_bytes stay pinned; cancels
+  // background growth beyond keep_bytes. Throws DRIVER naming the failed call when a slab cannot
+  // be unpinned: that slab stays pinned and free for use, the others are unpinned (Note [trim
+  // keeps what it cannot unpin], host_store.cpp).
+  void trim(std::size_t keep_bytes);
+
+  host_store_stats stats();
+
+ private:
+  struct slab {
+    std::size_t size;
+    std::size_t used;  // bytes handed out from it
+  };
+  // Pins at least `need` bytes more (the rest of a slab when the budget allows) on this thread's
+  // helpers; call without the lock. `asked` and `what` name the request for the error message.
+  void grow(std::size_t need, std::size_t asked, const char* what);
+  std::size_t claim(std::size_t need, std::size_t asked, const char* what);
+  void add_slab(pinned_slab r, std::size_t& added);  // adds to `added` under the lock
+  void give_back_locked(char* ptr, std::size_t size);
+  std::size_t free_bytes_locked() const;
+  std::size_t budget_locked(std::size_t headroom) const;  // Note [host budget]
+  void background_loop();
+  void stop_background(std::unique_lock<std::mutex>& lock);
+
+  std::size_t slab_bytes_;
+  std::size_t max_bytes_;  // 0: none
+  CUcontext context_;      // current while pinning (any context will do: slabs are PORTABLE)
+  pin_method method_;
+  unsigned threads_;
+  std::mutex mutex_;
+  std::condition_variable changed_;  // a slab was added or background pinning stopped
+  std::thread background_;
+  bool background_running_ = false;
+  std::size_t target_bytes_ = 0;       // what background pinning grows the store to
+  std::size_t growing_ = 0;            // claimed by growths under way, not yet in a slab
+  meta_map<char*, slab> slabs_;        // by base
+  meta_map<char*, std::size_t> free_;  // free ranges, by address, coalesced within slabs
+  host_store_stats stats_;
+};
+
+}  // namespace tagmem

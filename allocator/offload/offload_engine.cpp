@@ -1,0 +1,444 @@
+// offload_engine.cpp — the copy pipeline behind offload, reload and swap.
+//
+// Note [offload waits]: unmapping memory that a kernel or copy still uses is undefined
+// behaviour, and tagmem cannot know every stream the application touched a tag from (PyTorch
+// records extra streams itself), so a pipeline with tags going out first synchronises the
+// device's primary context.
+//
+// Note [unmap as copied]: every device-to-host copy of every out-tag is queued at once, in
+// copy_piece_bytes pieces round-robin over the device's D2H streams, each followed by an event
+// (copy_queue.hpp).
+// A queueing failure therefore happens before anything is unmapped and leaves every tag as it
+// was. When the in-side only fits as the out-side goes (a memory-tight swap), the pieces go to
+// one D2H stream instead, so that out-mappings finish, and are unmapped, in address order
+// (copy_queue::keep_d2h_order says why). Then one loop on the calling thread unmaps each
+// out-mapping as soon as the events of the copies covering it have fired, and maps each in-run as
+// soon as device memory allows, queueing its host-to-device copies on the H2D streams: unmapping
+// overlaps copying, and in a swap both PCIe directions run at once. When the in-tags only fit once
+// the out-tags are gone, an in-run waits until enough out-mappings are unmapped (a budget started
+// from cuMemGetInfo; an out-of-memory from cuMemCreate while out-mappings remain means "wait for
+// more", not failure). A copy that fails once unmapping has begun (an asynchronous error, which
+// CUDA makes sticky) cannot be undone by not unmapping; the out-tags are then reloaded from their
+// backups, which hold every byte already unmapped, so that "a failed copy leaves every tag
+// resident" still holds wherever the driver still works, and nothing is lost where it does not. In
+// a swap the out-side's handles are not released: they go to the device's recycler and the in-runs
+// map them (Note [physical recycling] in physical_recycler.hpp); what the in-side does not take
+// goes to the release queue when the swap ends, unless TAGMEM_RECYCLE_PHYSICAL=keep.
+//
+// Note [reload coalescing]: an offloaded tag's mappings come back as runs of adjacent mappings,
+// each one cuMemCreate/cuMemMap/cuMemSetAccess of up to max_mapping_bytes, since map/unmap cost is
+// per physical allocation (docs/performance.md, "Mapping costs"). After the first cycle a tag
+// therefore has few large mappings, whatever the number of its allocations. Runs are cut only at
+// old mapping boundaries, so every segment stays inside one mapping (block_pool::release_cached
+// relies on that). A BACKUP tag's runs stay at 1 GiB so that copies start while later runs are
+// still being mapped. A DISCARD tag has nothing to copy; its runs go up to discard_mapping_bytes,
+// also 1 GiB by default: larger runs reload faster when the driver is quiet, but the driver
+// releases large handles more slowly and creates them erratically right after a release, which is
+// when an RL phase switch reloads (docs/performance.md, "kv cache (DISCARD)"). Memory inside a
+// large mapping goes back to the driver (empty_cache) only once all of it is free.
+#include "offload/offload_engine.hpp"
+
+#include <algorithm>
+#include <exception>
+
+#include "tags/backup_retention.hpp"
+#include "transfer/copy_queue.hpp"
+#include "driver/driver.hpp"
+#include "offload/phase_report.hpp"
+#include "observe/trace.hpp"
+#include "offload/transfer_plan.hpp"
+
+namespace tagmem {
+namespace {
+
+class pipeline {
+ public:
+  pipeline(device& dev, tagmem_offload_mode mode, host_store& store, const config& cfg)
+      : dev_(dev),
+        mode_(mode),
+        store_(store),
+        cfg_(cfg),
+        copies_(dev, h2d_lanes::share_with_kernel) {}
+  pipeline(const pipeline&) = delete;
+  pipeline& operator=(const pipeline&) = delete;
+
+  void run(tag* const* outs, std::size_t out_count, tag* const* ins, std::size_t in_count);
+
+ private:
+  bool out_left() const noexcept { return out_at_ < outs_.size(); }
+  bool recycle() const noexcept { return cfg_.recycle != recycling::off; }
+  unmapped_memory choose_out_memory(std::size_t in_count) const noexcept;
+  bool in_open() const noexcept { return !in_error_ && in_at_ < ins_.size(); }
+
+  // What unmap_next does while the next out-mapping's copies are still running.
+  enum class pending_copies { give_up, wait };
+
+  void queue_out_copies();
+  bool unmap_next(pending_copies pending);
+  void start(outgoing& o);
+  void commit(outgoing& o);
+  void restore_outs() noexcept;
+
+  bool map_next();
+  void reclaim_parked(incoming& in);
+  void queue_in_copies(incoming& in, CUdeviceptr mapped_end);
+  void finish_ins();
+  void commit(incoming& in);
+  void undo(incoming& in) noexcept;
+
+  device& dev_;
+  tagmem_offload_mode mode_;
+  host_store& store_;
+  const config& cfg_;
+  meta_vector<outgoing> outs_;
+  meta_vector<incoming> ins_;
+  std::size_t out_at_ = 0;  // outs_[0, out_at_) are committed
+  std::size_t in_at_ = 0;   // ins_[0, in_at_) are fully mapped, their copies queued
+  std::size_t budget_ = 0;  // free device bytes an in-run may still create (while outs remain)
+  std::exception_ptr in_error_;
+  copy_queue copies_;
+  unmapped_memory out_memory_ = unmapped_memory::release;  // what the out-side's unmaps do
+};
+
+// ---- out side -----------------------------------------------------------------------------
+
+void pipeline::queue_out_copies() {
+  for (outgoing& o : outs_) {
+    o.done.reserve(o.pieces.size());
+    for (const backup_piece& p : o.pieces) o.done.push_back(copies_.to_host(p, o.t->name()));
+  }
+}
+
+// Unmaps the next out-mapping once its copies have finished, or commits the current out-tag when
+// it has none left. Returns whether it did either.
+bool pipeline::unmap_next(pending_copies pending) {
+  outgoing& o = outs_[out_at_];
+  if (o.next_map == o.maps.size()) {
+    if (!o.started) start(o);
+    commit(o);
+    ++out_at_;
+    return true;
+  }
+  const out_mapping& m = o.maps[o.next_map];
+  const auto& api = driver::api();
+  for (; o.waited < m.pieces_end; ++o.waited) {
+    CUevent e = o.done[o.waited];
+    if (pending == pending_copies::wait) {
+      TAGMEM_CU(cuEventSynchronize, e);
+    } else {
+      CUresult r = api.cuEventQuery(e);
+      if (r == CUDA_ERROR_NOT_READY) return false;
+      driver::check(r, "cuEventQuery");
+    }
+  }
+  if (!o.started) start(o);
+  trace::span span(out_memory_ == unmapped_memory::park ? "park" : "unmap", o.t->name(), m.size,
+                   trace::effect::mapped_down);
+  o.t->arena().unmap(m.va, out_memory_);  // Note [unmap as copied]
+  ++o.next_map;
+  if (out_memory_ == unmapped_memory::release ||
+      out_memory_ == unmapped_memory::release_in_background) {
+    budget_ += m.size;  // else the recycler has it
+  }
+  return true;
+}
+
+// The tag takes this offload's pieces and extents and is offloaded-partial until committed.
+void pipeline::start(outgoing& o) {
+  tag& t = *o.t;
+  auto& pieces = t.pieces();
+  pieces.insert(pieces.end(), o.pieces.begin(), o.pieces.end());
+  std::sort(pieces.begin(), pieces.end(),
+            [](const backup_piece& a, const backup_piece& b) { return a.dev < b.dev; });
+  t.extents().insert(t.extents().end(), o.extents.begin(), o.extents.end());
+  o.extents.clear();
+  t.set_partially_offloaded(mode_);
+  o.started = true;
+}
+
+void pipeline::commit(outgoing& o) {
+  o.t->set_offloaded(mode_);
+  o.t->counters().offload_count++;
+  o.t->counters().bytes_offloaded += mode_ == TAGMEM_BACKUP ? o.bytes : 0;
+}
+
+// After a failure on the out side: no in-tag changes, and every out-tag that began unmapping is
+// reloaded from its backup (Note [unmap as copied]).
+void pipeline::restore_outs() noexcept {
+  try {
+    copies_.finish();
+  } catch (...) {  // a sticky error: the reload below fails too and the tags stay partial
+  }
+  for (incoming& in : ins_) undo(in);
+  in_at_ = ins_.size();
+  meta_vector<tag*> back;
+  for (outgoing& o : outs_) {
+    if (!o.started) {
+      store_.release(o.extents);
+      o.extents.clear();
+      continue;
+    }
+    try {
+      keep_offloaded_pieces(*o.t);
+      o.t->set_partially_offloaded(o.t->mode());
+      back.push_back(o.t);
+    } catch (...) {  // no memory for records: the tag stays partial with every piece
+    }
+  }
+  if (back.empty()) return;
+  try {
+    pipeline undo_pipeline(dev_, mode_, store_, cfg_);
+    undo_pipeline.run(nullptr, 0, back.data(), back.size());
+  } catch (...) {  // the tags stay partial: what is unmapped is in their backups
+  }
+}
+
+// Where the out-side's memory goes: to this pipeline's own in-side or a later one (Note [physical
+// recycling]), else to the release queue for a DISCARD offload (Note [background release]) and a
+// swap unless TAGMEM_SWAP_RELEASE=inline, else released on the spot.
+unmapped_memory pipeline::choose_out_memory(std::size_t in_count) const noexcept {
+  if (cfg_.recycle == recycling::keep && mode_ == TAGMEM_DISCARD && in_count == 0) {
+    return unmapped_memory::park;  // Note [parked mappings]
+  }
+  if (cfg_.recycle == recycling::keep || (in_count != 0 && recycle())) {
+    return unmapped_memory::recycle;
+  }
+  const bool later = mode_ == TAGMEM_DISCARD ? cfg_.background_release
+                                             : in_count != 0 && cfg_.swap_background_release;
+  return later ? unmapped_memory::release_in_background : unmapped_memory::release;
+}
+
+// ---- in side ------------------------------------------------------------------------------
+
+// Maps the next in-run (or finishes the current in-tag). Returns whether it made progress;
+// false when device memory must first come back from the out side, or on a failure, which is
+// kept in in_error_ (the out side goes on).
+bool pipeline::map_next() {
+  incoming& in = ins_[in_at_];
+  if (in.mapped == in.runs.size()) {
+    if (in.next_piece != in.t->pieces().size()) {
+      in_error_ = std::make_exception_ptr(
+          error(TAGMEM_ERROR_INTERNAL,
+                std::string("reload of tag '") + in.t->name() + "' left backup pieces uncopied"));
+      return false;
+    }
+    ++in_at_;
+    return true;
+  }
+  in_run& r = in.runs[in.mapped];
+  // While out-mappings remain, a run maps when the memory they gave up covers it (Note [physical
+  // recycling]) or the driver's free memory does; otherwise it waits for more of them.
+  const bool recycled =
+      out_memory_ == unmapped_memory::recycle && dev_.recycler().bytes() >= r.size;
+  if (out_left() && !recycled && r.size > budget_) return false;
+  const std::size_t kept_before = dev_.recycler().bytes();
+  try {
+    trace::span span("map", in.t->name(), r.size, trace::effect::mapped_up);
+    r.parts = map_parts(dev_, r.va, r.size, recycle());
+  } catch (const error& e) {
+    if (e.code() == TAGMEM_ERROR_OUT_OF_MEMORY && out_left()) {
+      budget_ = 0;  // wait for the next unmap
+      return false;
+    }
+    in_error_ = std::current_exception();
+    return false;
+  } catch (...) {
+    in_error_ = std::current_exception();
+    return false;
+  }
+  ++in.mapped;
+  const std::size_t kept_after = dev_.recycler().bytes();
+  const std::size_t taken = kept_before > kept_after ? kept_before - kept_after : 0;
+  budget_ -= std::min(budget_, r.size - std::min(r.size, taken));  // what was created
+  try {
+    queue_in_copies(in, r.va + r.size);
+  } catch (...) {
+    in_error_ = std::current_exception();
+    return false;
+  }
+  return true;
+}
+
+// Queues the in-tag's pieces that end inside what is mapped so far (runs are mapped in address
+// order and every piece lies in adjacent runs).
+void pipeline::queue_in_copies(incoming& in, CUdeviceptr mapped_end) {
+  const auto& pieces = in.t->pieces();
+  for (; in.next_piece < pieces.size(); ++in.next_piece) {
+    const backup_piece& p = pieces[in.next_piece];
+    if (p.dev + p.bytes > mapped_end) break;
+    copies_.to_device(p, in.t->name());
+    in.copied += p.bytes;
+  }
+}
+
+void pipeline::finish_ins() {
+  if (ins_.empty()) return;
+  std::size_t good = in_at_;
+  try {
+    copies_.finish();
+  } catch (...) {  // which copy failed is unknown: no in-tag is trusted
+    if (!in_error_) in_error_ = std::current_exception();
+    good = 0;
+  }
+  for (std::size_t i = 0; i < ins_.size(); ++i) {
+    if (i < good) {
+      commit(ins_[i]);
+    } else {
+      undo(ins_[i]);
+    }
+  }
+  if (in_error_) std::rethrow_exception(in_error_);
+}
+
+void pipeline::commit(incoming& in) {
+  tag& t = *in.t;
+  for (in_run& r : in.runs) t.arena().adopt(r.va, r.size, std::move(r.parts));
+  finish_reload_backup(t, store_);
+  t.set_resident();
+  t.counters().reload_count++;
+  t.counters().bytes_reloaded += in.copied;
+}
+
+// Unmaps what was mapped for an in-tag; it stays offloaded with its backup. The copies into it
+// must have finished (or failed) first.
+void pipeline::undo(incoming& in) noexcept {
+  for (std::size_t i = 0; i < in.mapped; ++i) {
+    unmap_parts(dev_, in.runs[i].va, in.runs[i].size, in.runs[i].parts, recycle());
+    in.runs[i].parts.clear();
+  }
+  for (CUdeviceptr va : in.reclaimed) {
+    try {
+      in.t->arena().unmap(va, unmapped_memory::park);  // parked again, as before the reload
+    } catch (...) {  // unparkable and cuMemUnmap failed: it stays mapped, and the next reload
+    }                // finds it resident
+  }
+  in.reclaimed.clear();
+  in.mapped = 0;
+  in.next_piece = 0;
+  in.copied = 0;
+}
+
+// Takes the in-tag's parked mappings back (Note [parked mappings]): they are still mapped, so
+// the plan leaves them out. Throws OUT_OF_MEMORY for the list, with nothing taken back.
+void pipeline::reclaim_parked(incoming& in) {
+  if (dev_.recycler().parked_bytes() == 0) return;
+  vm_arena& arena = in.t->arena();
+  in.reclaimed.reserve(arena.mappings().size());
+  for (const auto& [va, m] : arena.mappings()) {
+    if (!m.resident && arena.reclaim_parked(va)) in.reclaimed.push_back(va);  // within the room
+  }
+}
+
+// ---- the loop -----------------------------------------------------------------------------
+
+void pipeline::run(tag* const* outs, std::size_t out_count, tag* const* ins, std::size_t in_count) {
+  context_guard guard(dev_.context());
+  out_memory_ = choose_out_memory(in_count);
+  ins_.reserve(in_count);
+  try {
+    for (std::size_t i = 0; i < in_count; ++i) {
+      trace::span span("plan", ins[i]->name());
+      ins_.push_back({});
+      ins_.back().t = ins[i];
+      if (ins[i]->mode() == TAGMEM_DISCARD) reclaim_parked(ins_.back());
+      plan_incoming(ins_.back(), ins[i]->mode() == TAGMEM_DISCARD
+                                     ? std::max(cfg_.discard_mapping_bytes, cfg_.max_mapping_bytes)
+                                     : cfg_.max_mapping_bytes);
+    }
+  } catch (...) {
+    for (incoming& in : ins_) undo(in);  // parks again what was reclaimed
+    throw;
+  }
+  if (out_count) {
+    TAGMEM_CU(cuCtxSynchronize, dev_.context());  // Note [offload waits]
+    if (in_count) {  // before anything is taken: a failure here changes nothing
+      std::size_t total = 0;
+      dev_.memory_info(&budget_, &total);
+      std::size_t wanted = 0;
+      for (const incoming& in : ins_) {
+        for (const in_run& r : in.runs) wanted += r.size;
+      }
+      // The in-side waits for the out-side's memory: out-mappings must be copied in order.
+      if (wanted > budget_) copies_.keep_d2h_order();
+    }
+    outs_.reserve(out_count);
+    try {
+      for (std::size_t i = 0; i < out_count; ++i) {
+        trace::span span("plan", outs[i]->name());
+        outs_.push_back({});
+        outs_.back().t = outs[i];
+        drop_kept_backup(*outs[i], store_);  // the offload writes a fresh backup
+        if (outs[i]->partial()) keep_offloaded_pieces(*outs[i]);
+        plan_outgoing(outs_.back(), mode_, store_, cfg_.copy_piece_bytes);
+      }
+      queue_out_copies();
+    } catch (...) {  // nothing is unmapped yet: every tag is as it was
+      try {
+        copies_.finish();
+      } catch (...) {
+      }
+      for (outgoing& o : outs_) store_.release(o.extents);
+      for (incoming& in : ins_) undo(in);
+      throw;
+    }
+  }
+  try {
+    while (out_left() || in_open()) {
+      bool progress = false;
+      while (out_left() && unmap_next(pending_copies::give_up)) progress = true;
+      while (in_open() && map_next()) progress = true;
+      if (!progress) {
+        if (!out_left()) break;  // the in side stopped on a failure
+        unmap_next(pending_copies::wait);
+      }
+    }
+  } catch (...) {
+    restore_outs();
+    throw;
+  }
+  finish_ins();
+}
+
+}  // namespace
+
+namespace {
+
+// Memory recycled but not taken goes back to the driver unless the caller keeps it (Note
+// [physical recycling]): through the release queue, held until the unmaps are done, or here with
+// TAGMEM_SWAP_RELEASE=inline. Returns the first failure of a release made here.
+CUresult return_unused(device& dev, const config& cfg) noexcept {
+  if (cfg.recycle == recycling::keep) return CUDA_SUCCESS;
+  if (!cfg.swap_background_release) return dev.recycler().release_now(static_cast<std::size_t>(-1));
+  dev.recycler().release_all(dev.releases());
+  return CUDA_SUCCESS;
+}
+
+}  // namespace
+
+void move_tags(device& dev, tag* const* outs, std::size_t out_count, tagmem_offload_mode mode,
+               tag* const* ins, std::size_t in_count, host_store& store, const config& cfg) {
+  // Releases wait until this pipeline's unmaps are done (Note [background release]).
+  struct hold_releases {
+    release_queue& q;
+    explicit hold_releases(release_queue& queue) : q(queue) { q.hold(); }
+    ~hold_releases() { q.unhold(); }
+  } hold(dev.releases());
+  phase_report report(dev, outs, out_count, mode, ins, in_count, store);
+  try {
+    pipeline p(dev, mode, store, cfg);
+    try {
+      p.run(outs, out_count, ins, in_count);
+    } catch (...) {
+      return_unused(dev, cfg);
+      throw;
+    }
+    // TAGMEM_SWAP_RELEASE=inline reports a release that fails, as an unmap that released on the
+    // spot would; the handle stays kept and the next release tries it again.
+    driver::check(return_unused(dev, cfg), "cuMemRelease");
+  } catch (const std::exception& e) {
+    report.failed(e);
+    throw;
+  }
+}
+
+}  // namespace tagmem

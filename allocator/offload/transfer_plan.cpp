@@ -1,0 +1,79 @@
+// transfer_plan.cpp — copy and mapping plans for the offload engine (see transfer_plan.hpp).
+#include "offload/transfer_plan.hpp"
+
+#include <algorithm>
+
+#include "base/error.hpp"
+
+namespace tagmem {
+
+void plan_outgoing(outgoing& o, tagmem_offload_mode mode, host_store& store,
+                   std::size_t piece_bytes) {
+  for (auto& [va, m] : o.t->arena().mappings()) {
+    if (!m.resident) continue;
+    o.maps.push_back({va, m.size, 0});
+    o.bytes += m.size;
+  }
+  if (mode != TAGMEM_BACKUP || o.bytes == 0) return;  // nothing to wait for before unmapping
+  o.extents = store.acquire(o.bytes);
+  try {
+    extent_cursor cursor{o.extents};
+    for (std::size_t i = 0; i < o.maps.size();) {
+      // A contiguous range of resident mappings: [maps[i], maps[j]).
+      CUdeviceptr end = o.maps[i].va + o.maps[i].size;
+      std::size_t j = i + 1;
+      for (; j < o.maps.size() && o.maps[j].va == end; ++j) end += o.maps[j].size;
+      cut_pieces(o.maps[i].va, end, cursor, piece_bytes, o.pieces);  // Note [copies span mappings]
+      i = j;
+    }
+    for (out_mapping& m : o.maps) {
+      auto after = std::lower_bound(
+          o.pieces.begin(), o.pieces.end(), m.va + m.size,
+          [](const backup_piece& p, CUdeviceptr address) { return p.dev < address; });
+      m.pieces_end = static_cast<std::size_t>(after - o.pieces.begin());
+    }
+  } catch (...) {
+    store.release(o.extents);
+    o.extents.clear();
+    throw;
+  }
+}
+
+void keep_offloaded_pieces(tag& t) {
+  auto& maps = t.arena().mappings();
+  meta_vector<backup_piece> kept;
+  for (const backup_piece& p : t.pieces()) {
+    CUdeviceptr at = p.dev;
+    const CUdeviceptr end = p.dev + p.bytes;
+    auto it = maps.upper_bound(at);
+    if (it != maps.begin()) --it;
+    for (; at < end && it != maps.end(); ++it) {
+      CUdeviceptr m_start = it->first;
+      CUdeviceptr m_end = m_start + it->second.size;
+      if (m_end <= at) continue;
+      if (m_start > at) at = std::min<CUdeviceptr>(m_start, end);  // a hole: nothing there
+      CUdeviceptr stop = std::min(m_end, end);
+      if (at < stop && !it->second.resident) {
+        kept.push_back({at, p.host + (at - p.dev), std::size_t(stop - at)});
+      }
+      at = std::max(at, stop);
+    }
+  }
+  t.pieces() = std::move(kept);
+}
+
+void plan_incoming(incoming& in, std::size_t max_mapping_bytes) {
+  tag& t = *in.t;
+  if (t.partial()) keep_offloaded_pieces(t);
+  for (auto& [va, m] : t.arena().mappings()) {
+    if (m.resident) continue;
+    if (!in.runs.empty() && in.runs.back().va + in.runs.back().size == va &&
+        in.runs.back().size + m.size <= max_mapping_bytes) {
+      in.runs.back().size += m.size;  // Note [reload coalescing]
+    } else {
+      in.runs.push_back({va, m.size, {}});
+    }
+  }
+}
+
+}  // namespace tagmem

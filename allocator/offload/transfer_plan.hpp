@@ -1,0 +1,74 @@
+// transfer_plan.hpp — what one offload, reload or swap will do to each tag, planned before any
+// copy is queued (the engine that carries it out is offload_engine.cpp).
+//
+// Going out, a tag's resident mappings are walked in address order and merged into contiguous
+// ranges; each range is cut into copies of at most copy_piece_bytes, also cut where a host
+// extent ends. Copies therefore span mapping boundaries: their number depends on the bytes, not
+// on how many segments or allocations the tag has (Note [copies span mappings]). Each mapping
+// remembers how many of the tag's copies must finish before it may be unmapped.
+//
+// Coming in, a tag's unmapped mappings are grouped into runs (Note [reload coalescing]) and its
+// backup pieces are copied once every run they overlap is mapped.
+//
+// Note [copies span mappings]: a virtual range mapped from several physical allocations is one
+// range to the copy engines (PyTorch's expandable segments rely on the same), so a copy may cross
+// mapping boundaries as long as every mapping it touches is mapped with access.
+#pragma once
+
+#include <cuda.h>
+
+#include <cstddef>
+
+#include "host/host_store.hpp"
+#include "tags/tag.hpp"
+
+namespace tagmem {
+
+struct out_mapping {
+  CUdeviceptr va = 0;
+  std::size_t size = 0;
+  std::size_t pieces_end = 0;  // copies [0, pieces_end) cover it: they finish before the unmap
+};
+
+// One tag going out.
+struct outgoing {
+  tag* t = nullptr;
+  std::size_t bytes = 0;             // resident bytes (copied in BACKUP mode)
+  meta_vector<host_extent> extents;  // taken from the store for this offload
+  meta_vector<backup_piece> pieces;  // this offload's copies, by address
+  meta_vector<CUevent> done;         // recorded after each queued copy (the copy queue's)
+  meta_vector<out_mapping> maps;     // resident mappings, by address
+  std::size_t next_map = 0;          // maps [0, next_map) are unmapped
+  std::size_t waited = 0;            // copies [0, waited) are known to have finished
+  bool started = false;              // the tag holds the pieces and is marked offloaded
+};
+
+struct in_run {
+  CUdeviceptr va = 0;
+  std::size_t size = 0;
+  meta_vector<physical_part> parts;  // while mapped
+};
+
+// One tag coming in.
+struct incoming {
+  tag* t = nullptr;
+  meta_vector<in_run> runs;            // by address
+  std::size_t mapped = 0;              // runs [0, mapped) are mapped with access
+  std::size_t next_piece = 0;          // the tag's pieces [0, next_piece) are queued
+  std::size_t copied = 0;              // bytes queued host -> device
+  meta_vector<CUdeviceptr> reclaimed;  // parked mappings taken back (Note [parked mappings])
+};
+
+// Plans `o.t`'s copies; in BACKUP mode takes host extents from `store` (throws
+// HOST_OUT_OF_MEMORY / DRIVER with nothing taken).
+void plan_outgoing(outgoing& o, tagmem_offload_mode mode, host_store& store,
+                   std::size_t piece_bytes);
+
+// Plans `in.t`'s runs; trims a partial tag's pieces to its unmapped mappings first.
+void plan_incoming(incoming& in, std::size_t max_mapping_bytes);
+
+// Cuts the tag's backup pieces down to the parts that lie in unmapped mappings (a tag whose
+// offload stopped half-way keeps only the pieces it needs).
+void keep_offloaded_pieces(tag& t);
+
+}  // namespace tagmem

@@ -1,0 +1,307 @@
+// registry.cpp — devices, tags and the operations that span tags (see registry.hpp).
+#include "registry/registry.hpp"
+
+#include <algorithm>
+#include <cstring>
+#include <mutex>
+
+#include "driver/driver.hpp"
+#include "tags/external_tag.hpp"
+#include "observe/log.hpp"
+#include "offload/offload_engine.hpp"
+
+namespace tagmem {
+
+void check_tag_name(const char* name) {
+  TAGMEM_EXPECTS(name != nullptr, TAGMEM_ERROR_INVALID_ARGUMENT, "tag name is NULL");
+  std::size_t n = strnlen(name, TAGMEM_MAX_TAG_NAME + 1);
+  TAGMEM_EXPECTS(n > 0, TAGMEM_ERROR_INVALID_ARGUMENT, "tag name is empty");
+  TAGMEM_EXPECTS(n <= TAGMEM_MAX_TAG_NAME, TAGMEM_ERROR_INVALID_ARGUMENT,
+                 "tag name is longer than " + std::to_string(TAGMEM_MAX_TAG_NAME) + " bytes");
+  for (std::size_t i = 0; i < n; ++i) {
+    unsigned char c = static_cast<unsigned char>(name[i]);
+    TAGMEM_EXPECTS(c > ' ' && c < 0x7f, TAGMEM_ERROR_INVALID_ARGUMENT,
+                   "tag name may hold only printable ASCII without spaces");
+  }
+}
+
+registry::registry(const config& cfg) : cfg_(cfg) {
+  configure_observation();  // TAGMEM_LOG, TAGMEM_TRACE
+  set_metadata_allocator(cfg_.metadata);
+  driver::load();
+  TAGMEM_CU(cuDeviceGetCount, &device_count_);
+  TAGMEM_EXPECTS(device_count_ > 0, TAGMEM_ERROR_DRIVER,
+                 "the CUDA driver '" + driver::library_path() + "' reports no device");
+  for (int i = 0; i < device_count_; ++i) slots_.push_back(std::make_unique<device_slot>());
+  if (cfg_.pin_ahead) {
+    pinner_ = std::make_unique<background_pinning>([this]() -> host_store& { return store(); },
+                                                   [this] { return planned_backup_bytes(); });
+  }
+}
+
+registry::~registry() {
+  pinner_.reset();  // it walks the tags and pins into the store
+  store_.reset();   // host memory first: it is registered with device 0's context
+  for (auto& s : slots_) {
+    for (auto& [name, t] : s->tags) delete t;
+    s->tags.clear();
+    s->dev.reset();
+  }
+}
+
+registry::device_slot& registry::slot(int ordinal) {
+  TAGMEM_EXPECTS(ordinal >= 0 && ordinal < device_count_, TAGMEM_ERROR_INVALID_ARGUMENT,
+                 "device " + std::to_string(ordinal) + " does not exist (" +
+                     std::to_string(device_count_) + " devices)");
+  return *slots_[ordinal];
+}
+
+int registry::resolve_device(int ordinal) {
+  if (ordinal == TAGMEM_CURRENT_DEVICE) {
+    CUcontext ctx = nullptr;
+    TAGMEM_CU(cuCtxGetCurrent, &ctx);
+    if (!ctx) return 0;
+    CUdevice d = 0;
+    TAGMEM_CU(cuCtxGetDevice, &d, nullptr);  // the current context
+    return static_cast<int>(d);
+  }
+  slot(ordinal);
+  return ordinal;
+}
+
+device& registry::dev(int ordinal) {
+  device_slot& s = slot(ordinal);
+  // A constructor that throws leaves the flag unset: the next call tries again.
+  std::call_once(s.created, [&] { s.dev = std::make_unique<device>(ordinal, cfg_); });
+  return *s.dev;
+}
+
+std::size_t registry::planned_backup_bytes() {
+  std::size_t planned = 0;
+  for (int d = 0; d < device_count(); ++d) {
+    for (tag* t : tags(d)) {
+      std::lock_guard lock(t->mutex());
+      if (t->pins_ahead() && !t->offloaded()) planned += t->arena().mapped_bytes();
+    }
+  }
+  return planned;
+}
+
+host_store& registry::store() {
+  device& d0 = dev(0);
+  std::lock_guard lock(devices_mutex_);
+  if (!store_) {
+    store_ = std::make_unique<host_store>(cfg_.host_slab_bytes, d0.context(), cfg_.host_max_bytes);
+  }
+  return *store_;
+}
+
+host_store* registry::existing_store() noexcept {
+  std::lock_guard lock(devices_mutex_);
+  return store_.get();
+}
+
+tag* registry::find(int ordinal, const char* name) {
+  // Every allocation comes through here: a name already in the map was checked when it was
+  // added, so only a miss (and NULL, before looking) is checked.
+  if (name == nullptr) check_tag_name(name);
+  device_slot& s = slot(ordinal);
+  {
+    std::shared_lock lock(s.tags_mutex);
+    if (auto it = s.tags.find(name); it != s.tags.end()) return it->second;
+  }
+  check_tag_name(name);
+  return nullptr;
+}
+
+tag& registry::get(int ordinal, const char* name) {
+  tag* t = find(ordinal, name);
+  TAGMEM_EXPECTS(t, TAGMEM_ERROR_UNKNOWN_TAG,
+                 std::string("no tag '") + name + "' on device " + std::to_string(ordinal));
+  return *t;
+}
+
+tag& registry::get_or_create(int ordinal, const char* name) {
+  if (tag* t = find(ordinal, name)) return *t;
+  if (const external_tag* x = find_external_tag(name)) refuse_external(*x, "allocating");
+  device& d = dev(ordinal);
+  device_slot& s = slot(ordinal);
+  std::unique_lock lock(s.tags_mutex);
+  auto [it, inserted] = s.tags.emplace(meta_string(name), nullptr);
+  if (inserted) {
+    try {
+      it->second = new tag(d, cfg_, name);
+    } catch (...) {
+      s.tags.erase(it);
+      throw;
+    }
+  }
+  return *it->second;
+}
+
+meta_vector<tag*> registry::tags(int ordinal) {
+  device_slot& s = slot(ordinal);
+  std::shared_lock lock(s.tags_mutex);
+  meta_vector<tag*> out;
+  for (auto& [name, t] : s.tags) out.push_back(t);
+  return out;
+}
+
+void* registry::allocate(std::size_t size, const char* name, int ordinal, CUstream stream) {
+  TAGMEM_EXPECTS(size > 0, TAGMEM_ERROR_INVALID_ARGUMENT, "allocation of 0 bytes");
+  device& d = dev(ordinal);
+  TAGMEM_EXPECTS(size <= d.total_bytes(), TAGMEM_ERROR_INVALID_ARGUMENT,
+                 "allocation of " + std::to_string(size) + " bytes is larger than device " +
+                     std::to_string(ordinal) + " (" + std::to_string(d.total_bytes()) + " bytes)");
+  tag& t = get_or_create(ordinal, name);
+  for (int attempt = 0;; ++attempt) {
+    try {
+      std::lock_guard lock(t.mutex());
+      TAGMEM_EXPECTS(
+          !t.offloaded(), TAGMEM_ERROR_TAG_OFFLOADED,
+          std::string("cannot allocate in tag '") + name + "': it is offloaded; reload it first");
+      context_guard guard(d.context());
+      block* b = t.pool().allocate(size, stream);
+      t.counters().alloc_count++;
+      t.note_peaks();
+      return reinterpret_cast<void*>(b->ptr);
+    } catch (const error& e) {
+      // Out of device memory: give back every tag's cached memory once, then try again.
+      if (e.code() != TAGMEM_ERROR_OUT_OF_MEMORY || attempt > 0) throw;
+      if (empty_cache(ordinal) == 0) throw;
+    }
+  }
+}
+
+meta_vector<tag*> registry::lookup_unique(const char* const* names, std::size_t count, int ordinal,
+                                          const char* operation) {
+  TAGMEM_EXPECTS(names != nullptr || count == 0, TAGMEM_ERROR_INVALID_ARGUMENT, "tag list is NULL");
+  meta_vector<tag*> out;
+  for (std::size_t i = 0; i < count; ++i) {
+    if (const external_tag* x = find_external_tag(names[i])) refuse_external(*x, operation);
+    tag* t = &get(ordinal, names[i]);
+    TAGMEM_EXPECTS(std::find(out.begin(), out.end(), t) == out.end(), TAGMEM_ERROR_INVALID_ARGUMENT,
+                   std::string("tag '") + names[i] + "' is listed twice");
+    out.push_back(t);
+  }
+  return out;
+}
+
+namespace {
+
+// Locks several tags in ascending address order (the registry's lock order).
+class multi_lock {
+ public:
+  explicit multi_lock(meta_vector<tag*> tags) : tags_(std::move(tags)) {
+    std::sort(tags_.begin(), tags_.end());
+    for (std::size_t i = 0; i < tags_.size(); ++i) {
+      tags_[i]->mutex().lock();
+      locked_ = i + 1;
+    }
+  }
+  ~multi_lock() {
+    for (std::size_t i = 0; i < locked_; ++i) tags_[i]->mutex().unlock();
+  }
+
+ private:
+  meta_vector<tag*> tags_;
+  std::size_t locked_ = 0;
+};
+
+}  // namespace
+
+void registry::offload(const char* const* names, std::size_t count, int ordinal,
+                       tagmem_offload_mode mode) {
+  TAGMEM_EXPECTS(mode == TAGMEM_BACKUP || mode == TAGMEM_DISCARD, TAGMEM_ERROR_INVALID_ARGUMENT,
+                 "offload mode must be TAGMEM_BACKUP or TAGMEM_DISCARD");
+  meta_vector<tag*> list = lookup_unique(names, count, ordinal, "tagmem_offload");
+  if (list.empty()) return;
+  host_store& hs = store();
+  multi_lock lock(list);
+  for (tag* t : list) {
+    TAGMEM_EXPECTS(!t->offloaded() || t->partial(), TAGMEM_ERROR_TAG_OFFLOADED,
+                   std::string("tag '") + t->name() + "' is already offloaded");
+  }
+  offload_tags(dev(ordinal), list.data(), list.size(), mode, hs, cfg_);
+}
+
+void registry::reload(const char* const* names, std::size_t count, int ordinal) {
+  meta_vector<tag*> list = lookup_unique(names, count, ordinal, "tagmem_reload");
+  if (list.empty()) return;
+  host_store& hs = store();
+  multi_lock lock(list);
+  for (tag* t : list) {
+    TAGMEM_EXPECTS(t->offloaded(), TAGMEM_ERROR_TAG_RESIDENT,
+                   std::string("tag '") + t->name() + "' is resident; nothing to reload");
+  }
+  reload_tags(dev(ordinal), list.data(), list.size(), hs, cfg_);  // one pipeline for the list
+}
+
+void registry::swap(const char* const* out_names, std::size_t out_count,
+                    const char* const* in_names, std::size_t in_count, int ordinal,
+                    tagmem_offload_mode mode) {
+  TAGMEM_EXPECTS(mode == TAGMEM_BACKUP || mode == TAGMEM_DISCARD, TAGMEM_ERROR_INVALID_ARGUMENT,
+                 "offload mode must be TAGMEM_BACKUP or TAGMEM_DISCARD");
+  meta_vector<tag*> outs = lookup_unique(out_names, out_count, ordinal, "tagmem_swap");
+  meta_vector<tag*> ins = lookup_unique(in_names, in_count, ordinal, "tagmem_swap");
+  for (tag* t : ins) {
+    TAGMEM_EXPECTS(std::find(outs.begin(), outs.end(), t) == outs.end(),
+                   TAGMEM_ERROR_INVALID_ARGUMENT,
+                   std::string("tag '") + t->name() + "' is in both lists");
+  }
+  if (outs.empty() && ins.empty()) return;
+  host_store& hs = store();
+  meta_vector<tag*> all(outs);
+  all.insert(all.end(), ins.begin(), ins.end());
+  multi_lock lock(std::move(all));
+  for (tag* t : outs) {
+    TAGMEM_EXPECTS(!t->offloaded() || t->partial(), TAGMEM_ERROR_TAG_OFFLOADED,
+                   std::string("tag '") + t->name() + "' is already offloaded");
+  }
+  for (tag* t : ins) {
+    TAGMEM_EXPECTS(t->offloaded(), TAGMEM_ERROR_TAG_RESIDENT,
+                   std::string("tag '") + t->name() + "' is resident; nothing to reload");
+  }
+  // One pipeline: the out-tags' copies and unmaps overlap the in-tags' maps and copies.
+  move_tags(dev(ordinal), outs.data(), outs.size(), mode, ins.data(), ins.size(), hs, cfg_);
+}
+
+std::size_t registry::empty_cache(int ordinal) {
+  device& d = dev(ordinal);
+  std::size_t released = 0;
+  for (tag* t : tags(ordinal)) {
+    std::lock_guard lock(t->mutex());
+    if (t->offloaded() || !t->pool().has_releasable()) continue;
+    // Note [offload waits] applies here too: the last block of a chunk may have been freed on a
+    // stream whose queued work still uses it (tagmem_free is stream-ordered), and unmapping
+    // memory under a running copy or kernel faults. Wait for the device first, holding the tag's
+    // lock so that no block of it can be freed between the wait and the unmap.
+    {
+      context_guard guard(d.context());
+      TAGMEM_CU(cuCtxSynchronize, d.context());
+    }
+    released += t->pool().release_cached();
+  }
+  wait_released(ordinal);
+  return released;
+}
+
+void registry::plan_offload(const char* name, int ordinal, tagmem_offload_mode mode) {
+  TAGMEM_EXPECTS(mode == TAGMEM_BACKUP || mode == TAGMEM_DISCARD, TAGMEM_ERROR_INVALID_ARGUMENT,
+                 "offload mode must be TAGMEM_BACKUP or TAGMEM_DISCARD");
+  tag& t = get_or_create(ordinal, name);
+  {
+    std::lock_guard lock(t.mutex());
+    t.set_pins_ahead(mode == TAGMEM_BACKUP);
+  }
+  if (mode == TAGMEM_BACKUP && pinner_) pinner_->wake();  // what it holds already
+}
+
+void registry::wait_released(int ordinal) {
+  device& d = dev(ordinal);
+  context_guard guard(d.context());        // parked mappings are unmapped first
+  d.recycler().release_all(d.releases());  // Note [physical recycling]
+  driver::check(d.releases().drain(), "cuMemRelease");
+}
+
+}  // namespace tagmem

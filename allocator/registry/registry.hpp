@@ -1,0 +1,80 @@
+// registry.hpp — the initialised library: configuration, devices, their tags, the host store.
+//
+// Lock order (never acquired in the other direction): registry::tags_mutex (shared) → tag
+// mutexes, taken in ascending address order when several are needed → host_store mutex. A
+// device's release_queue mutex is a leaf: taken under any of these, it takes nothing else.
+// The registry's own mutexes are never held while a tag operation runs a driver call that can
+// block for long, except the brief shared lock that finds tags. Tags are created on first use
+// and destroyed only by the registry's destructor (tagmem_shutdown), so tag pointers found
+// under a lock stay valid after it is released.
+#pragma once
+
+#include <memory>
+#include <shared_mutex>
+
+#include "host/background_pinning.hpp"
+#include "options/config.hpp"
+#include "device/device.hpp"
+#include "host/host_store.hpp"
+#include "tags/tag.hpp"
+
+namespace tagmem {
+
+class registry {
+ public:
+  explicit registry(const config& cfg);  // loads the driver; throws
+  ~registry();                           // releases everything
+
+  const config& settings() const noexcept { return cfg_; }
+  host_store& store();                    // created on first use
+  host_store* existing_store() noexcept;  // nullptr before that
+  int device_count() const noexcept { return device_count_; }
+
+  // Resolves TAGMEM_CURRENT_DEVICE and checks the ordinal.
+  int resolve_device(int ordinal);
+  device& dev(int ordinal);  // created on first use
+
+  // The tag, created on first use / nullptr or UNKNOWN_TAG when missing. The external tag's
+  // name (external_tag.hpp) is refused with INVALID_ARGUMENT: it is never a tag of the registry.
+  tag& get_or_create(int ordinal, const char* name);
+  tag* find(int ordinal, const char* name);
+  tag& get(int ordinal, const char* name);  // throws UNKNOWN_TAG
+  meta_vector<tag*> tags(int ordinal);
+
+  // Operations that span tags.
+  void* allocate(std::size_t size, const char* name, int ordinal, CUstream stream);
+  void offload(const char* const* names, std::size_t count, int ordinal, tagmem_offload_mode mode);
+  void reload(const char* const* names, std::size_t count, int ordinal);
+  void swap(const char* const* out_names, std::size_t out_count, const char* const* in_names,
+            std::size_t in_count, int ordinal, tagmem_offload_mode mode);
+  std::size_t empty_cache(int ordinal);
+  void wait_released(int ordinal);  // Note [background release]; throws DRIVER
+  // Records how the tag will be offloaded (creating it): BACKUP pins ahead (Note [pin ahead]).
+  void plan_offload(const char* name, int ordinal, tagmem_offload_mode mode);
+
+ private:
+  struct device_slot {
+    std::once_flag created;  // dev is set once, without a lock on every later use
+    std::unique_ptr<device> dev;
+    std::shared_mutex tags_mutex;
+    meta_map<meta_string, tag*, std::less<>> tags;  // looked up by const char*, no copy
+  };
+  device_slot& slot(int ordinal);
+  // What the background pinner pins toward: the mapped bytes of resident planned-BACKUP tags.
+  std::size_t planned_backup_bytes();
+  // Throws INVALID_ARGUMENT naming `operation` for the external tag.
+  meta_vector<tag*> lookup_unique(const char* const* names, std::size_t count, int ordinal,
+                                  const char* operation);
+
+  config cfg_;
+  int device_count_ = 0;
+  std::mutex devices_mutex_;  // creating the store
+  meta_vector<std::unique_ptr<device_slot>> slots_;
+  std::unique_ptr<host_store> store_;
+  std::unique_ptr<background_pinning> pinner_;  // null with TAGMEM_PIN_AHEAD=off
+};
+
+// Checks a tag name (non-empty, at most TAGMEM_MAX_TAG_NAME bytes, printable, no spaces).
+void check_tag_name(const char* name);
+
+}  // namespace tagmem

@@ -1,0 +1,28 @@
+// backup_retention.hpp — keeping a tag's BACKUP host copy across its reload.
+//
+// A tag whose keep_backup flag is set (tagmem_set_keep_backup) keeps the pieces and extents of
+// its backup when it is reloaded: the bytes it had at the offload stay in the pinned host store,
+// readable through tagmem_host_view while the tag is resident, for callers that read a snapshot
+// of weights after resuming them. The copy is dropped by the tag's next offload (which writes a
+// fresh one), by a reload with the flag off, and it stops being handed out as soon as the tag
+// allocates or frees (its allocations may no longer be the ones backed up). The tag's mutex must
+// be held by the caller of each function.
+#pragma once
+
+#include "host/host_store.hpp"
+#include "tags/tag.hpp"
+
+namespace tagmem {
+
+// The end of a reload: keeps the backup when the tag asks for it, else gives it to the store.
+void finish_reload_backup(tag& t, host_store& store) noexcept;
+
+// Gives a kept backup of a resident tag back to the store (before the tag is offloaded again,
+// whose offload writes new pieces). Does nothing for an offloaded tag or one that keeps none.
+void drop_kept_backup(tag& t, host_store& store) noexcept;
+
+// Whether a resident tag's kept backup still describes the tag: kept, and no allocation made or
+// freed in the tag since its reload.
+bool kept_backup_current(const tag& t) noexcept;
+
+}  // namespace tagmem

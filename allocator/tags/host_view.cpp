@@ -1,0 +1,51 @@
+// host_view.cpp — the lookup behind tagmem_host_view() (see host_view.hpp).
+#include "tags/host_view.hpp"
+
+#include <algorithm>
+#include <string>
+
+#include "tags/backup_retention.hpp"
+#include "base/error.hpp"
+
+namespace tagmem {
+
+host_span backup_span(tag& t, CUdeviceptr address, CUdeviceptr end, bool writable) {
+  const std::string name = t.name();
+  if (!t.offloaded()) {
+    // A resident tag's kept backup (backup_retention.hpp) is a snapshot: readable, but nothing
+    // written there would reach the device.
+    const bool kept = kept_backup_current(t);
+    const char* why = kept       ? " (its kept backup is a read-only snapshot)"
+                      : t.kept() ? " (it allocated or freed since its kept backup was made)"
+                                 : "";
+    TAGMEM_EXPECTS(
+        kept && !writable, TAGMEM_ERROR_TAG_RESIDENT,
+        "tagmem_host_view: tag '" + name + "' is resident: its bytes are on the device" + why);
+  } else {
+    TAGMEM_EXPECTS(!t.partial(), TAGMEM_ERROR_TAG_RESIDENT,
+                   "tagmem_host_view: tag '" + name +
+                       "' is only partly offloaded: some of its bytes are on the device");
+  }
+  TAGMEM_EXPECTS(
+      t.mode() == TAGMEM_BACKUP, TAGMEM_ERROR_TAG_OFFLOADED,
+      "tagmem_host_view: tag '" + name + "' was offloaded with TAGMEM_DISCARD: no bytes were kept");
+  const auto& pieces = t.pieces();
+  auto after = std::upper_bound(pieces.begin(), pieces.end(), address,
+                                [](CUdeviceptr a, const backup_piece& p) { return a < p.dev; });
+  TAGMEM_EXPECTS(after != pieces.begin() && address < (after - 1)->dev + (after - 1)->bytes,
+                 TAGMEM_ERROR_INTERNAL,
+                 "tagmem_host_view: no backup piece of tag '" + name + "' holds address " +
+                     std::to_string(address));
+  auto it = after - 1;
+  host_span span{it->host + (address - it->dev), it->dev + it->bytes - address};
+  // Neighbouring pieces often continue each other (one extent cut into copy pieces): report
+  // them as one run so most callers need a single call.
+  for (auto next = it + 1; next != pieces.end() && address + span.bytes < end; it = next++) {
+    if (next->dev != it->dev + it->bytes || next->host != it->host + it->bytes) break;
+    span.bytes += next->bytes;
+  }
+  span.bytes = std::min<std::size_t>(span.bytes, end - address);
+  return span;
+}
+
+}  // namespace tagmem

@@ -1,0 +1,102 @@
+// tag.hpp — one tag on one device: its arena, its sub-allocator, its offload state and counters.
+//
+// A tag is resident (every mapping mapped) or offloaded. Offload state lives per mapping
+// (vm_arena's `resident` flag) so that an offload interrupted by a driver failure leaves a
+// consistent record of which bytes are where (`partial_`), and a later offload or reload picks
+// up from there: nothing is lost. All members are guarded by mutex_, which callers hold across
+// every call into the tag.
+#pragma once
+
+#include <cstdint>
+#include <mutex>
+
+#include "device/block_pool.hpp"
+#include "transfer/copy_queue.hpp"  // backup_piece: where one range of an offloaded tag waits
+#include "host/host_store.hpp"
+#include "device/vm_arena.hpp"
+
+namespace tagmem {
+
+struct tag_counters {
+  std::uint64_t alloc_count = 0;
+  std::uint64_t free_count = 0;
+  std::uint64_t offload_count = 0;
+  std::uint64_t reload_count = 0;
+  std::uint64_t bytes_offloaded = 0;
+  std::uint64_t bytes_reloaded = 0;
+  std::size_t peak_allocated_bytes = 0;
+  std::size_t peak_mapped_bytes = 0;
+};
+
+class tag : public meta_object {
+ public:
+  tag(device& dev, const config& cfg, const char* name);
+  ~tag() = default;
+  tag(const tag&) = delete;
+  tag& operator=(const tag&) = delete;
+
+  const char* name() const noexcept { return name_.c_str(); }
+  device& dev() noexcept { return dev_; }
+  std::mutex& mutex() noexcept { return mutex_; }
+
+  vm_arena& arena() noexcept { return arena_; }
+  block_pool& pool() noexcept { return pool_; }
+  tag_counters& counters() noexcept { return counters_; }
+  const tag_counters& counters() const noexcept { return counters_; }
+
+  bool offloaded() const noexcept { return offloaded_; }
+  // Offloaded, some mappings still resident: an offload that stopped part way, which a later
+  // offload finishes. One whose failure left nothing mapped (a restore that could not map the
+  // bytes back) is plainly offloaded, as the caller sees it: offloading it again is TAG_OFFLOADED.
+  bool partial() const noexcept { return partial_ && arena_.mapped_bytes() != 0; }
+  tagmem_offload_mode mode() const noexcept { return mode_; }
+  // Planned to be offloaded with BACKUP: its growth is pinned ahead (Note [pin ahead]).
+  bool pins_ahead() const noexcept { return arena_.pins_ahead(); }
+  void set_pins_ahead(bool on) noexcept { arena_.set_pins_ahead(on); }
+  tagmem_tag_state state() const noexcept;
+
+  // Backup bookkeeping, used by the offload engine.
+  meta_vector<backup_piece>& pieces() noexcept { return pieces_; }
+  meta_vector<host_extent>& extents() noexcept { return extents_; }
+  std::size_t host_bytes() const noexcept;
+  void set_offloaded(tagmem_offload_mode mode) noexcept;
+  void set_partially_offloaded(tagmem_offload_mode mode) noexcept;  // see partial()
+  void set_resident() noexcept;
+
+  // Keeping the backup across a reload (backup_retention.hpp): the flag the caller set, and
+  // whether a resident tag holds a kept backup, with the tag's allocation and free counts when
+  // it was kept.
+  bool keep_backup() const noexcept { return keep_backup_; }
+  void set_keep_backup(bool keep) noexcept { keep_backup_ = keep; }
+  bool kept() const noexcept { return kept_; }
+  std::uint64_t kept_allocs() const noexcept { return kept_allocs_; }
+  std::uint64_t kept_frees() const noexcept { return kept_frees_; }
+  void set_kept(bool kept, std::uint64_t allocs, std::uint64_t frees) noexcept {
+    kept_ = kept;
+    kept_allocs_ = allocs;
+    kept_frees_ = frees;
+  }
+
+  tagmem_tag_stats stats() const;
+  // Raises the peaks to the bytes allocated and mapped now (after an allocation; mapped bytes
+  // grow only then, a reload restores at most what was mapped).
+  void note_peaks() noexcept;
+
+ private:
+  meta_string name_;
+  device& dev_;
+  std::mutex mutex_;
+  vm_arena arena_;
+  block_pool pool_;
+  tag_counters counters_;
+  bool offloaded_ = false;
+  bool partial_ = false;
+  tagmem_offload_mode mode_ = TAGMEM_BACKUP;
+  meta_vector<backup_piece> pieces_;  // sorted by device address
+  meta_vector<host_extent> extents_;  // host store extents the pieces live in
+  bool keep_backup_ = false;
+  bool kept_ = false;
+  std::uint64_t kept_allocs_ = 0, kept_frees_ = 0;
+};
+
+}  // namespace tagmem
