@@ -71,9 +71,9 @@
 
 #include "backup_extents.hpp"
 #include "bounded_wait.hpp"
-#include "fd_identity.hpp"
+#include "peers/fd_identity.hpp"
 #include "interposed.hpp"
-#include "messages.hpp"
+#include "peers/messages.hpp"
 #include "record_moves.hpp"
 #include "records.hpp"
 #include "api/runtime.hpp"

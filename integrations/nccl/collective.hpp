@@ -7,7 +7,7 @@
 
 #include <string>
 
-#include "group.hpp"
+#include "peers/group.hpp"
 #include "tagmem/tagmem_nccl.h"
 
 namespace tagmem::nccl {

@@ -26,7 +26,7 @@
 #include <memory>
 #include <mutex>
 
-#include "process_identity.hpp"
+#include "peers/process_identity.hpp"
 #include "api/runtime.hpp"
 
 namespace tagmem::nccl {

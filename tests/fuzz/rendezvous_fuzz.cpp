@@ -14,8 +14,8 @@
 #include <string>
 
 #include "base/error.hpp"
-#include "messages.hpp"
-#include "unix_channel.hpp"
+#include "peers/messages.hpp"
+#include "peers/unix_channel.hpp"
 
 namespace {
 

@@ -22,8 +22,8 @@
 #include <vector>
 
 #include "base/error.hpp"
-#include "group.hpp"
-#include "messages.hpp"
+#include "peers/group.hpp"
+#include "peers/messages.hpp"
 
 namespace tagmem::nccl {
 namespace {

@@ -23,11 +23,11 @@
 #include <thread>
 
 #include "base/error.hpp"
-#include "group.hpp"
-#include "messages.hpp"
-#include "rendezvous_point.hpp"
-#include "unix_channel.hpp"
-#include "wire.hpp"
+#include "peers/group.hpp"
+#include "peers/messages.hpp"
+#include "peers/rendezvous_point.hpp"
+#include "peers/unix_channel.hpp"
+#include "peers/wire.hpp"
 
 namespace tagmem::nccl {
 namespace {

@@ -1,5 +1,5 @@
 // group.cpp — joining a group and its exchanges (see group.hpp).
-#include "group.hpp"
+#include "peers/group.hpp"
 
 #include <fcntl.h>
 #include <poll.h>
@@ -15,8 +15,8 @@
 #include <optional>
 #include <thread>
 
-#include "private_dir.hpp"
-#include "rendezvous_point.hpp"
+#include "peers/private_dir.hpp"
+#include "peers/rendezvous_point.hpp"
 #include "api/runtime.hpp"
 
 namespace tagmem::nccl {

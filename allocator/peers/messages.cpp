@@ -1,8 +1,8 @@
 // messages.cpp — encoding and checked decoding of the group's payloads (see header).
-#include "messages.hpp"
+#include "peers/messages.hpp"
 
 #include "api/runtime.hpp"
-#include "wire.hpp"
+#include "peers/wire.hpp"
 
 namespace tagmem::nccl {
 namespace {

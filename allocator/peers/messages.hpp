@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "process_identity.hpp"
+#include "peers/process_identity.hpp"
 #include "api/runtime.hpp"
 #include "tagmem/tagmem.h"
 

@@ -1,5 +1,5 @@
 // unix_channel.cpp — framed messages over a Unix stream socket (see header).
-#include "unix_channel.hpp"
+#include "peers/unix_channel.hpp"
 
 #include <poll.h>
 #include <sys/socket.h>

@@ -1,5 +1,5 @@
 // process_identity.cpp — reading a process's start time (see header).
-#include "process_identity.hpp"
+#include "peers/process_identity.hpp"
 
 #include <fcntl.h>
 #include <unistd.h>

@@ -1,5 +1,5 @@
 // private_dir.cpp — finding, creating and checking the rendezvous directory (see header).
-#include "private_dir.hpp"
+#include "peers/private_dir.hpp"
 
 #include <sys/random.h>
 #include <sys/stat.h>

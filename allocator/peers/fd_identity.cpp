@@ -1,5 +1,5 @@
 // fd_identity.cpp — comparing open file descriptions (see header).
-#include "fd_identity.hpp"
+#include "peers/fd_identity.hpp"
 
 #include <fcntl.h>
 #include <linux/kcmp.h>

@@ -30,10 +30,10 @@
 #include <string>
 #include <vector>
 
-#include "messages.hpp"
-#include "process_identity.hpp"
+#include "peers/messages.hpp"
+#include "peers/process_identity.hpp"
 #include "tagmem/tagmem.h"
-#include "unix_channel.hpp"
+#include "peers/unix_channel.hpp"
 
 namespace tagmem::nccl {
 

@@ -1,5 +1,5 @@
 // rendezvous_point.cpp — rank 0's socket and lock (see header).
-#include "rendezvous_point.hpp"
+#include "peers/rendezvous_point.hpp"
 
 #include <fcntl.h>
 #include <sys/file.h>
@@ -13,7 +13,7 @@
 #include <cstdio>
 #include <cstring>
 
-#include "private_dir.hpp"
+#include "peers/private_dir.hpp"
 #include "api/runtime.hpp"
 
 namespace tagmem::nccl {
