@@ -11,7 +11,7 @@
 #include <cerrno>
 #include <mutex>
 
-namespace tagmem::nccl {
+namespace tagmem::peers {
 namespace {
 
 std::atomic<bool> g_kcmp_usable{true};
@@ -52,4 +52,4 @@ bool same_open_file(int a, int b) {
   return flip_test(a, b);
 }
 
-}  // namespace tagmem::nccl
+}  // namespace tagmem::peers

@@ -11,8 +11,8 @@
 // different files (st_dev/st_ino) are told apart without either.
 #pragma once
 
-namespace tagmem::nccl {
+namespace tagmem::peers {
 
 bool same_open_file(int a, int b);
 
-}  // namespace tagmem::nccl
+}  // namespace tagmem::peers

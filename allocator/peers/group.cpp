@@ -15,11 +15,12 @@
 #include <optional>
 #include <thread>
 
+#include "base/error.hpp"
+#include "options/options.hpp"
 #include "peers/private_dir.hpp"
 #include "peers/rendezvous_point.hpp"
-#include "api/runtime.hpp"
 
-namespace tagmem::nccl {
+namespace tagmem::peers {
 namespace {
 
 bool valid_group_name(const std::string& s) {
@@ -494,4 +495,4 @@ std::vector<rank_outcome> group_session::outcomes(const rank_outcome& mine, cons
   return out;
 }
 
-}  // namespace tagmem::nccl
+}  // namespace tagmem::peers

@@ -32,10 +32,10 @@
 
 #include "peers/messages.hpp"
 #include "peers/process_identity.hpp"
-#include "tagmem/tagmem.h"
 #include "peers/unix_channel.hpp"
+#include "tagmem/tagmem.h"
 
-namespace tagmem::nccl {
+namespace tagmem::peers {
 
 struct group_spec {
   std::string job;   // the job's identity: only processes of one job meet
@@ -96,4 +96,4 @@ class group_session {
   std::unique_ptr<unix_channel> hub_;                 // spoke: the hub
 };
 
-}  // namespace tagmem::nccl
+}  // namespace tagmem::peers

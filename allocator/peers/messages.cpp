@@ -1,13 +1,11 @@
 // messages.cpp — encoding and checked decoding of the group's payloads (see header).
 #include "peers/messages.hpp"
 
-#include "api/runtime.hpp"
+#include "base/error.hpp"
 #include "peers/wire.hpp"
 
-namespace tagmem::nccl {
-namespace {
+namespace tagmem::peers {
 
-// A status from another process: a code this build does not know becomes PEER.
 tagmem_status decode_status(std::uint32_t v) {
   return v <= TAGMEM_ERROR_INTERNAL ? static_cast<tagmem_status>(v) : TAGMEM_ERROR_PEER;
 }
@@ -16,8 +14,6 @@ bool decode_bool(std::uint32_t v) {
   if (v > 1) fail(TAGMEM_ERROR_PEER, "a peer sent a malformed flag");
   return v == 1;
 }
-
-}  // namespace
 
 const char* op_name(group_op op) { return op == group_op::pause ? "pause" : "resume"; }
 
@@ -122,91 +118,4 @@ rank_outcome decode_outcome(const std::string& payload) {
 std::string encode_list(const std::vector<std::string>& items) { return pack_list(items); }
 std::vector<std::string> decode_list(const std::string& payload) { return unpack_list(payload); }
 
-std::string encode_export_letter(const export_letter& l) {
-  return wire_writer().u64(l.id).u32(l.first).take();
-}
-
-export_letter decode_export_letter(const std::string& payload) {
-  wire_reader r(payload);
-  export_letter l;
-  l.id = r.u64();
-  l.first = r.u32();
-  r.finish();
-  return l;
-}
-
-std::string encode_claims(const std::vector<claim>& claims) {
-  wire_writer w;
-  for (const claim& c : claims) {
-    w.i32(c.owner).u64(c.id).u32(c.can_release ? 1 : 0);
-    w.u32(static_cast<std::uint32_t>(c.matched.size()));
-    for (std::uint32_t i : c.matched) w.u32(i);
-  }
-  return w.take();
-}
-
-std::vector<claim> decode_claims(const std::string& payload) {
-  wire_reader r(payload);
-  std::vector<claim> out;
-  while (!r.done()) {
-    claim c;
-    c.owner = r.i32();
-    c.id = r.u64();
-    c.can_release = decode_bool(r.u32());
-    c.matched.resize(r.count(sizeof(std::uint32_t)));
-    for (std::uint32_t& i : c.matched) i = r.u32();
-    out.push_back(std::move(c));
-  }
-  return out;
-}
-
-std::string encode_decisions(const std::vector<decision>& d) {
-  wire_writer w;
-  for (const decision& x : d) w.u64(x.id).u32(x.release ? 1 : 0);
-  return w.take();
-}
-
-std::vector<decision> decode_decisions(const std::string& payload) {
-  wire_reader r(payload);
-  std::vector<decision> out;
-  while (!r.done()) {
-    decision x;
-    x.id = r.u64();
-    x.release = decode_bool(r.u32());
-    out.push_back(x);
-  }
-  return out;
-}
-
-std::string encode_needs(const std::vector<need>& n) {
-  wire_writer w;
-  for (const need& x : n) w.i32(x.owner).u64(x.id);
-  return w.take();
-}
-
-std::vector<need> decode_needs(const std::string& payload) {
-  wire_reader r(payload);
-  std::vector<need> out;
-  while (!r.done()) {
-    need x;
-    x.owner = r.i32();
-    x.id = r.u64();
-    out.push_back(x);
-  }
-  return out;
-}
-
-std::string encode_handle_letter(const handle_letter& l) {
-  return wire_writer().u64(l.id).u32(l.ok ? 1 : 0).take();
-}
-
-handle_letter decode_handle_letter(const std::string& payload) {
-  wire_reader r(payload);
-  handle_letter l;
-  l.id = r.u64();
-  l.ok = decode_bool(r.u32());
-  r.finish();
-  return l;
-}
-
-}  // namespace tagmem::nccl
+}  // namespace tagmem::peers

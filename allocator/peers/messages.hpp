@@ -11,11 +11,11 @@
 #include <string>
 #include <vector>
 
+#include "base/error.hpp"
 #include "peers/process_identity.hpp"
-#include "api/runtime.hpp"
 #include "tagmem/tagmem.h"
 
-namespace tagmem::nccl {
+namespace tagmem::peers {
 
 enum class group_op : std::uint32_t { pause = 1, resume = 2 };
 const char* op_name(group_op op);
@@ -96,53 +96,13 @@ auto decode_from(const std::string& sender, const char* what, F&& decode) -> dec
   }
 }
 
+// A flag or a status from another process: a flag other than 0 or 1 is PEER; a status this build
+// does not know becomes PEER.
+bool decode_bool(std::uint32_t v);
+tagmem_status decode_status(std::uint32_t v);
+
 // Lists of strings (all_gather's answer).
 std::string encode_list(const std::vector<std::string>& items);
 std::vector<std::string> decode_list(const std::string& payload);
 
-// ---- the collective's contents (collective.cpp) ---------------------------------------------
-
-// Pause: an exporter's fd duplicates of record `id`, from index `first` of its exports.
-struct export_letter {
-  std::uint64_t id = 0;
-  std::uint32_t first = 0;
-};
-std::string encode_export_letter(const export_letter& l);
-export_letter decode_export_letter(const std::string& payload);
-
-// Pause: an importer tells the owner which of its buffers it maps, whether it can release its
-// side, and which of the owner's exports it matched in this pause.
-struct claim {
-  int owner = 0;
-  std::uint64_t id = 0;
-  bool can_release = false;
-  std::vector<std::uint32_t> matched;
-};
-std::string encode_claims(const std::vector<claim>& claims);
-std::vector<claim> decode_claims(const std::string& payload);
-
-// Pause: an owner's verdict on a claimed buffer.
-struct decision {
-  std::uint64_t id = 0;
-  bool release = false;
-};
-std::string encode_decisions(const std::vector<decision>& d);
-std::vector<decision> decode_decisions(const std::string& payload);
-
-// Resume: an importer asks an owner for a new handle of a released buffer.
-struct need {
-  int owner = 0;
-  std::uint64_t id = 0;
-};
-std::string encode_needs(const std::vector<need>& n);
-std::vector<need> decode_needs(const std::string& payload);
-
-// Resume: an owner's new handle for buffer `id` (the fd rides along when ok).
-struct handle_letter {
-  std::uint64_t id = 0;
-  bool ok = false;
-};
-std::string encode_handle_letter(const handle_letter& l);
-handle_letter decode_handle_letter(const std::string& payload);
-
-}  // namespace tagmem::nccl
+}  // namespace tagmem::peers

@@ -10,9 +10,10 @@
 #include <cstdlib>
 #include <cstring>
 
-#include "api/runtime.hpp"
+#include "base/error.hpp"
+#include "options/options.hpp"
 
-namespace tagmem::nccl {
+namespace tagmem::peers {
 namespace {
 
 pid_t g_chosen_by = 0;  // the process whose load chose TAGMEM_NCCL_DIR, if one did
@@ -82,4 +83,4 @@ std::string private_dir() {
   return path;
 }
 
-}  // namespace tagmem::nccl
+}  // namespace tagmem::peers

@@ -17,7 +17,7 @@
 
 #include <string>
 
-namespace tagmem::nccl {
+namespace tagmem::peers {
 
 // The checked directory (created if needed). Throws PEER with the reason, INVALID_ARGUMENT when
 // there is no directory to use.
@@ -27,4 +27,4 @@ std::string private_dir();
 // descend from this process): error messages say so.
 bool private_dir_chosen_here();
 
-}  // namespace tagmem::nccl
+}  // namespace tagmem::peers

@@ -7,7 +7,7 @@
 #include <cstdlib>
 #include <cstring>
 
-namespace tagmem::nccl {
+namespace tagmem::peers {
 
 std::string process_identity::describe() const {
   std::string s = "pid " + std::to_string(pid);
@@ -35,4 +35,4 @@ process_identity identity_of(pid_t pid) {
   return id;
 }
 
-}  // namespace tagmem::nccl
+}  // namespace tagmem::peers

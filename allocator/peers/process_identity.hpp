@@ -12,7 +12,7 @@
 #include <cstdint>
 #include <string>
 
-namespace tagmem::nccl {
+namespace tagmem::peers {
 
 struct process_identity {
   pid_t pid = 0;
@@ -27,4 +27,4 @@ struct process_identity {
 // The identity of a live process; start stays 0 when /proc cannot tell it.
 process_identity identity_of(pid_t pid);
 
-}  // namespace tagmem::nccl
+}  // namespace tagmem::peers

@@ -13,10 +13,10 @@
 #include <cstdio>
 #include <cstring>
 
+#include "base/error.hpp"
 #include "peers/private_dir.hpp"
-#include "api/runtime.hpp"
 
-namespace tagmem::nccl {
+namespace tagmem::peers {
 namespace {
 
 std::string hash_hex(const std::string& s) {
@@ -117,4 +117,4 @@ rendezvous_listener::~rendezvous_listener() {
   ::close(lock_fd_);
 }
 
-}  // namespace tagmem::nccl
+}  // namespace tagmem::peers

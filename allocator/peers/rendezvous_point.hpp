@@ -16,7 +16,7 @@
 
 #include <string>
 
-namespace tagmem::nccl {
+namespace tagmem::peers {
 
 struct rendezvous_paths {
   std::string socket;
@@ -44,4 +44,4 @@ class rendezvous_listener {
   int fd_ = -1;
 };
 
-}  // namespace tagmem::nccl
+}  // namespace tagmem::peers

@@ -10,9 +10,9 @@
 #include <cerrno>
 #include <cstring>
 
-#include "api/runtime.hpp"
+#include "base/error.hpp"
 
-namespace tagmem::nccl {
+namespace tagmem::peers {
 namespace {
 
 constexpr std::uint32_t kMagic = 0x4e4d4754;  // "TGMN"
@@ -202,4 +202,4 @@ message unix_channel::receive(int timeout_ms, const char* what) {
   return out;
 }
 
-}  // namespace tagmem::nccl
+}  // namespace tagmem::peers

@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-namespace tagmem::nccl {
+namespace tagmem::peers {
 
 inline constexpr std::size_t kMaxFds = 200;              // below the kernel's 253 per message
 inline constexpr std::uint32_t kMaxPayload = 64u << 20;  // what one message may carry
@@ -92,4 +92,4 @@ class unix_channel {
 
 long long monotonic_ms();
 
-}  // namespace tagmem::nccl
+}  // namespace tagmem::peers

@@ -13,9 +13,9 @@
 #include <string>
 #include <vector>
 
-#include "api/runtime.hpp"
+#include "base/error.hpp"
 
-namespace tagmem::nccl {
+namespace tagmem::peers {
 
 class wire_writer {
  public:
@@ -97,4 +97,4 @@ inline std::vector<std::string> unpack_list(const std::string& packed) {
   return out;
 }
 
-}  // namespace tagmem::nccl
+}  // namespace tagmem::peers

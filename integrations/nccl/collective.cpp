@@ -69,16 +69,20 @@
 #include <set>
 #include <thread>
 
+#include "api/runtime.hpp"
 #include "backup_extents.hpp"
 #include "bounded_wait.hpp"
-#include "peers/fd_identity.hpp"
+#include "collective_messages.hpp"
 #include "interposed.hpp"
+#include "peers/fd_identity.hpp"
 #include "peers/messages.hpp"
 #include "record_moves.hpp"
 #include "records.hpp"
-#include "api/runtime.hpp"
 
 namespace tagmem::nccl {
+
+using namespace peers;  // the group session, its messages and descriptor passing
+
 namespace {
 
 // What the last pause released, by origin.

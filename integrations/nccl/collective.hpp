@@ -12,6 +12,9 @@
 
 namespace tagmem::nccl {
 
+using peers::group_spec;
+using peers::resolve_spec;
+
 void pause(const group_spec& spec);   // throws tagmem::error
 void resume(const group_spec& spec);  // throws tagmem::error
 tagmem_nccl_stats stats();

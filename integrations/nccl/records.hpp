@@ -26,10 +26,12 @@
 #include <memory>
 #include <mutex>
 
-#include "peers/process_identity.hpp"
 #include "api/runtime.hpp"
+#include "peers/process_identity.hpp"
 
 namespace tagmem::nccl {
+
+using peers::process_identity;
 
 inline constexpr std::uint64_t kVisibleTag = 0x7a67000000000000ull;  // Note [virtual handles]
 

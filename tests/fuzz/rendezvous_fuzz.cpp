@@ -14,12 +14,14 @@
 #include <string>
 
 #include "base/error.hpp"
+#include "collective_messages.hpp"
 #include "peers/messages.hpp"
 #include "peers/unix_channel.hpp"
 
 namespace {
 
 using namespace tagmem::nccl;
+using namespace tagmem::peers;
 
 [[noreturn]] void finding(const char* what) {
   std::fprintf(stderr, "[rendezvous fuzz] %s\n", what);

@@ -22,11 +22,14 @@
 #include <vector>
 
 #include "base/error.hpp"
+#include "collective_messages.hpp"
 #include "peers/group.hpp"
 #include "peers/messages.hpp"
 
 namespace tagmem::nccl {
 namespace {
+
+using namespace tagmem::peers;
 
 struct forger {
   group_spec spec;
@@ -128,6 +131,7 @@ struct forger {
 
 int main(int argc, char** argv) {
   using namespace tagmem::nccl;
+  using namespace tagmem::peers;
   if (argc != 6) {
     std::fprintf(stderr, "usage: %s claim|need GROUP RANK SIZE TIMEOUT_MS\n", argv[0]);
     return 2;

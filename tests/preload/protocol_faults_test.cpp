@@ -32,6 +32,8 @@
 namespace tagmem::nccl {
 namespace {
 
+using namespace tagmem::peers;
+
 constexpr int kTimeoutMs = 500;
 constexpr int kSize = 3;
 
