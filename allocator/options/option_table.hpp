@@ -1,7 +1,7 @@
 // option_table.hpp — the table of TAGMEM_* settings built from options.def, and the one check of
 // a value against its entry. Header-only, like size_text.hpp, so that the emulated driver reads
 // its settings with the same rules as libtagmem. What a value means at run time, where it came
-// from and the process-wide view are in allocator/options.hpp.
+// from and the process-wide view are in allocator/options/options.hpp.
 #pragma once
 
 #include <cstdint>

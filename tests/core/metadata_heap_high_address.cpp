@@ -1,6 +1,6 @@
 // metadata_heap_high_address.cpp — records made by a thread whose mimalloc segments land above
 // the address range mimalloc's segment map covers are freed by mimalloc, from any thread
-// (Note [block origin] in allocator/metadata_heap.cpp).
+// (Note [block origin] in allocator/host/metadata_heap.cpp).
 //
 // In a process where CUDA and tagmem's arenas have reserved large virtual ranges, mimalloc's
 // preferred addresses are taken and the kernel places its segments high. The program makes that

@@ -1,6 +1,6 @@
 /* c_calls.h — tagmem calls the fuzzer must make from C: with an offload mode that is no
  * enumerator. C lets a caller pass any int as an enum; C++ does not (Note [enums from C] in
- * allocator/c_api.cpp), so only a C translation unit can make these calls without itself
+ * allocator/api/c_api.cpp), so only a C translation unit can make these calls without itself
  * breaking the language rules. */
 #ifndef TAGMEM_FUZZ_C_CALLS_H
 #define TAGMEM_FUZZ_C_CALLS_H

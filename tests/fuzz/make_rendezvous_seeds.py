@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Writes the seed corpus of the rendezvous fuzzer (tests/fuzz/rendezvous_corpus): one valid
-message per decoder, byte for byte as integrations/nccl/messages.cpp encodes it, behind the
-selector byte that rendezvous_fuzz.cpp reads first. Run it again only if the encoding changes."""
+message per decoder, byte for byte as allocator/peers/messages.cpp and
+integrations/nccl/collective_messages.cpp encode it, behind the selector byte that
+rendezvous_fuzz.cpp reads first. Run it again only if the encoding changes."""
 import os
 import struct
 
