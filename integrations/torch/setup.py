@@ -29,16 +29,26 @@ from setuptools.dist import Distribution
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _SOURCE = os.path.dirname(os.path.dirname(_HERE))  # the repository root
+# name in tagmem/lib -> (where a build has it, the run path it must carry in the package).
+#
+# Note [packaged run paths]: a library copied out of a build tree keeps the build's run path: an
+# absolute build directory, and often an empty entry, which the loader reads as the current
+# directory, so a library planted where the program runs would be loaded in its place. Each staged
+# library gets exactly the run path it needs, as `cmake --install` gives it: "$ORIGIN" for those
+# that link libtagmem.so.0 (found beside them), none for the self-contained ones.
+# tests/torch/test_packaging.py checks every packaged ELF file.
+_ORIGIN = "$ORIGIN"
 _REQUIRED = {
-    "libtagmem.so.0": "allocator/libtagmem.so.0",
-    "libtagmem_torch_alloc.so": "integrations/torch/libtagmem_torch_alloc.so",
+    "libtagmem.so.0": ("allocator/libtagmem.so.0", _ORIGIN),
+    "libtagmem_torch_alloc.so": ("integrations/torch/libtagmem_torch_alloc.so", _ORIGIN),
 }
 _OPTIONAL = {
-    "libtagmem_preload.so": "integrations/preload/libtagmem_preload.so",
-    "libtagmem_emu.so": "allocator/driver/emu/libtagmem_emu.so",
+    "libtagmem_preload.so": ("integrations/preload/libtagmem_preload.so", ""),
+    "libtagmem_emu.so": ("allocator/driver/emu/libtagmem_emu.so", ""),
     # Built only with -DTAGMEM_BUILD_LIBTORCH=ON (against the PyTorch in use): global mode then
-    # tracks record_stream and answers torch.cuda.memory_stats() (tagmem/torch/_global.py).
-    "libtagmem_libtorch.so": "integrations/torch/libtorch/libtagmem_libtorch.so",
+    # tracks record_stream and answers torch.cuda.memory_stats() (tagmem/torch/_global.py). Its
+    # PyTorch libraries are loaded already whenever it is (PyTorch loads it).
+    "libtagmem_libtorch.so": ("integrations/torch/libtorch/libtagmem_libtorch.so", _ORIGIN),
 }
 _TARGETS = ["tagmem", "tagmem_torch_alloc", "tagmem_preload", "tagmem_emu"]
 
@@ -48,6 +58,29 @@ def _run(command):
     subprocess.run(command, check=True)
 
 
+def _cmake():
+    cmake = shutil.which("cmake")
+    if cmake is None:
+        raise SystemExit(
+            "tagmem: cmake not found: install it (apt-get install cmake); it builds the libraries "
+            "and sets their run paths in the package"
+        )
+    return cmake
+
+
+def _stage(source, destination, runpath):
+    """Copies library `source` to `destination` with run path `runpath` ("" for none)
+    (Note [packaged run paths])."""
+    shutil.copyfile(os.path.realpath(source), destination)
+    # file(RPATH_SET) rewrites the entry in place; an empty value removes it.
+    script = os.path.join(_HERE, "set_runpath.cmake")
+    subprocess.run(
+        [_cmake(), f"-DFILE={destination}", f"-DRUNPATH={runpath}", "-P", script],
+        check=True,
+        stdout=subprocess.DEVNULL,
+    )
+
+
 def _cmake_build(build_dir):
     """Configures and builds the library targets into build_dir; returns build_dir."""
     if not os.path.exists(os.path.join(_SOURCE, "allocator", "CMakeLists.txt")):
@@ -55,12 +88,7 @@ def _cmake_build(build_dir):
             f"tagmem: {_SOURCE} is not a tagmem source tree; install from the repository "
             "(pip install ./integrations/torch) or set TAGMEM_BUILD_DIR to a CMake build"
         )
-    cmake = shutil.which("cmake")
-    if cmake is None:
-        raise SystemExit(
-            "tagmem: cmake not found: install it (apt-get install cmake) or set "
-            "TAGMEM_BUILD_DIR to a CMake build of this repository"
-        )
+    cmake = _cmake()
     configure = [cmake, "-S", _SOURCE, "-B", build_dir, "-DCMAKE_BUILD_TYPE=Release"]
     if shutil.which("ninja") and not os.path.exists(os.path.join(build_dir, "CMakeCache.txt")):
         configure += ["-G", "Ninja"]
@@ -91,15 +119,15 @@ class BuildPyWithLibraries(build_py):
             build_dir = _cmake_build(os.path.abspath(os.path.join(build_temp, "tagmem-cmake")))
         destination = os.path.join(self.build_lib, "tagmem", "lib")
         os.makedirs(destination, exist_ok=True)
-        for name, relative in _REQUIRED.items():
+        for name, (relative, runpath) in _REQUIRED.items():
             source = os.path.join(build_dir, relative)
             if not os.path.exists(source):
                 raise SystemExit(f"TAGMEM_BUILD_DIR={build_dir}: {relative} is missing; build it first")
-            shutil.copyfile(os.path.realpath(source), os.path.join(destination, name))
-        for name, relative in _OPTIONAL.items():
+            _stage(source, os.path.join(destination, name), runpath)
+        for name, (relative, runpath) in _OPTIONAL.items():
             source = os.path.join(build_dir, relative)
             if os.path.exists(source):
-                shutil.copyfile(os.path.realpath(source), os.path.join(destination, name))
+                _stage(source, os.path.join(destination, name), runpath)
         # The preload shim under torch_memory_saver's file name: its callers look for it beside
         # the shim package's directory.
         shim = os.path.join(destination, "libtagmem_preload.so")

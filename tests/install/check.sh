@@ -7,7 +7,8 @@
 #      tree configures without those dependencies too;
 #   2. `pip install --no-build-isolation --no-index ./integrations/torch` into a fresh virtual
 #      environment (the package builds its native libraries itself), `python -m tagmem` and a tag
-#      API call on the packaged emulated driver, then `pip wheel` and the wheel's contents;
+#      API call on the packaged emulated driver, every packaged ELF file's run path, then
+#      `pip wheel` and the wheel's contents;
 #   3. nothing left untracked in the source tree by any of it;
 #   4. with a build directory argument: `ctest -L gpu` there skips every GPU test, fails none.
 # Usage: tests/install/check.sh [build-dir]   (PYTHON selects the interpreter, default /usr/bin/python3)
@@ -88,6 +89,9 @@ package_lib=$(dirname "$shim")
 for f in libtagmem.so.0 libtagmem_torch_alloc.so libtagmem_emu.so; do
   [ -f "$package_lib/$f" ] || fail "the installed package has no $f"
 done
+# Every packaged ELF file's run path is exactly what it needs (Note [packaged run paths]).
+"$venv_python" "$repo/tests/torch/elf_runpath.py" "$(dirname "$package_lib")" ||
+  fail "a library in the installed package has a run path it must not have"
 "${clean_env[@]}" TAGMEM_LIBCUDA="$package_lib/libtagmem_emu.so" "$venv_python" - "$package_lib" \
   "$repo/tests/torch" <<'EOF'
 import os, random, sys
