@@ -9,7 +9,7 @@
 #   package-pip  pip-installs integrations/torch (with the build's libraries) into a temporary
 #                directory; the later steps import that copy (or the source tree if this fails).
 #                Where this Python has no pip: package-setup.py (setup.py build) instead
-#   python-api   pytest test_api.py test_entry_points.py test_dropin.py (torch-free suites) on
+#   python-api   pytest test_api.py test_entry_points.py test_dropin*.py (torch-free suites) on
 #                this driver
 #   entry-cpp    tagmem_torch_entry_tests (the entry points from C++)
 #   libtorch     builds integrations/torch/libtorch against this PyTorch; runs its test (main,
@@ -124,7 +124,7 @@ cd "$REPO"
 
 # ---- torch-free suites ------------------------------------------------------------------------
 wanted python-api && step python-api "${PYTEST[@]}" tests/torch/test_api.py tests/torch/test_entry_points.py \
-  tests/torch/test_dropin.py
+  tests/torch/test_dropin.py tests/torch/test_dropin_environment.py
 if ! wanted entry-cpp; then
   :
 elif [[ -x "$BUILD/tests/torch/tagmem_torch_entry_tests" ]]; then

@@ -147,6 +147,7 @@ def clean_install():
     saved_path = list(sys.path)
     saved_env = {k: os.environ.get(k) for k in ("PYTHONPATH", _tms_env.ENABLE_VARIABLE)}
     yield
+    _tms_env.uninstall()
     sys.path[:] = saved_path
     for k, v in saved_env.items():
         if v is None:

@@ -23,6 +23,7 @@ libtagmem.
 import contextlib
 import os
 import sys
+import threading
 
 ENABLE_VARIABLE = "TAGMEM_AS_TORCH_MEMORY_SAVER"
 PRELOAD_NAME = "libtagmem_preload.so"
@@ -42,16 +43,39 @@ def enabled():
     return os.environ.get(ENABLE_VARIABLE) == "1"
 
 
-def _prepend(variable, entry, separator=":"):
-    parts = [p for p in os.environ.get(variable, "").split(separator) if p and p != entry]
-    os.environ[variable] = separator.join([entry] + parts)
+_install_lock = threading.Lock()
+# While installed: (values before the first install(), values the last one left, entries it
+# added to PYTHONPATH), so uninstall() gives back exactly what was there (Note [undoing
+# install()]).
+_installed = None
+
+
+def _with_entry_first(value, entry):
+    # The caller's entries stay as they were, empty ones included (an empty entry is the current
+    # directory, which is the caller's choice to make).
+    parts = [p for p in value.split(":") if p != entry] if value else []
+    return ":".join([entry] + parts)
+
+
+def _package_parent_needed(parent):
+    """Whether children need `parent` (the directory holding tagmem) on PYTHONPATH to import
+    tagmem: not when it is this interpreter's site-packages, which its children search anyway
+    and which other interpreters, of other Python versions, must not search first."""
+    import site
+
+    try:
+        searched = set(site.getsitepackages()) | {site.getusersitepackages()}
+    except AttributeError:  # a virtualenv's old site module
+        searched = set()
+    return os.path.realpath(parent) not in {os.path.realpath(p) for p in searched}
 
 
 def install():
     """Makes ``import torch_memory_saver`` give tagmem's drop-in in this process and in every
     subprocess started afterwards from its environment (Note [torch_memory_saver under its own
-    name]). Idempotent. Raises ImportError when another ``torch_memory_saver`` is imported
-    already (install before the engine imports it)."""
+    name]). Idempotent; uninstall() undoes it. Raises ImportError when
+    another ``torch_memory_saver`` is imported already (install before the engine imports it)."""
+    global _installed
     loaded = sys.modules.get("torch_memory_saver")
     if loaded is not None and not getattr(loaded, "__tagmem__", False):
         raise ImportError(
@@ -59,18 +83,27 @@ def install():
             f"({getattr(loaded, '__file__', loaded)}): call "
             "tagmem.compat.torch_memory_saver.install() before the engine imports it"
         )
-    os.environ[ENABLE_VARIABLE] = "1"
     path = shim_path()
-    _link_preload_library(path)
-    if path in sys.path:
-        sys.path.remove(path)
-    sys.path.insert(0, path)
-    _prepend("PYTHONPATH", path)
-    # The shim imports tagmem: children must find it where this process did.
-    package_parent = os.path.dirname(os.path.dirname(_HERE))
-    parts = os.environ["PYTHONPATH"].split(":")
-    if package_parent not in parts:
-        os.environ["PYTHONPATH"] = ":".join(parts + [package_parent])
+    with _install_lock:
+        before = {v: os.environ.get(v) for v in (ENABLE_VARIABLE, "PYTHONPATH")}
+        added = [] if path in (before["PYTHONPATH"] or "").split(":") else [path]
+        os.environ[ENABLE_VARIABLE] = "1"
+        pythonpath = _with_entry_first(before["PYTHONPATH"], path)
+        # The shim imports tagmem: children must find it where this process did.
+        package_parent = os.path.dirname(os.path.dirname(_HERE))
+        if package_parent not in pythonpath.split(":") and _package_parent_needed(package_parent):
+            pythonpath += ":" + package_parent
+            added.append(package_parent)
+        os.environ["PYTHONPATH"] = pythonpath
+        _link_preload_library(path)
+        if path in sys.path:
+            sys.path.remove(path)
+        sys.path.insert(0, path)
+        after = {v: os.environ[v] for v in before}
+        if _installed is None:
+            _installed = (before, after, added)
+        else:  # installed again: what the first install found is what uninstall() restores
+            _installed = (_installed[0], after, _installed[2] + added)
 
 
 def _link_preload_library(path):
@@ -88,16 +121,32 @@ def _link_preload_library(path):
 
 
 def uninstall():
-    """Undoes install() for this process and later subprocesses (an imported module stays)."""
-    os.environ.pop(ENABLE_VARIABLE, None)
+    """Undoes install() for this process and later subprocesses (an imported module stays).
+
+    Note [undoing install()]: each variable install() set gets back the exact value it had
+    before (unset if it was unset), unless something changed it since; then only the entries
+    install() added are taken out of it, and the other changes stay."""
+    global _installed
     path = shim_path()
-    while path in sys.path:
-        sys.path.remove(path)
-    parts = [p for p in os.environ.get("PYTHONPATH", "").split(":") if p and p != path]
-    if parts:
-        os.environ["PYTHONPATH"] = ":".join(parts)
-    else:
-        os.environ.pop("PYTHONPATH", None)
+    with _install_lock:
+        while path in sys.path:
+            sys.path.remove(path)
+        installed, _installed = _installed, None
+        if installed is None:
+            return
+        before, after, added = installed
+        for variable in before:
+            now = os.environ.get(variable)
+            if now == after[variable]:
+                restored = before[variable]
+            elif variable == "PYTHONPATH" and now is not None:
+                restored = ":".join(p for p in now.split(":") if p not in added) or None
+            else:
+                restored = now
+            if restored is None:
+                os.environ.pop(variable, None)
+            else:
+                os.environ[variable] = restored
 
 
 def preload_library():

@@ -1,0 +1,80 @@
+"""What the torch_memory_saver drop-in does to the environment and the disk: install() and
+uninstall() (Note [undoing install()] in tagmem/compat/_tms_env.py), the shell lines of
+``python -m tagmem.compat.tms_env``, and nothing written into the package at run time.
+
+Runs on the emulated driver in CI and on the real one in gpu_run.sh (no PyTorch needed).
+"""
+
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from conftest import REPO_ROOT
+from tagmem.compat import _tms_env
+
+PACKAGE = os.path.join(REPO_ROOT, "integrations", "torch")
+
+
+@pytest.fixture
+def saved_environment():
+    """Puts sys.path, PYTHONPATH and the drop-in's variable back after the test."""
+    saved_path = list(sys.path)
+    saved = {k: os.environ.get(k) for k in ("PYTHONPATH", _tms_env.ENABLE_VARIABLE)}
+    yield
+    _tms_env.uninstall()
+    sys.path[:] = saved_path
+    for k, v in saved.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+
+
+def set_or_unset(variable, value):
+    if value is None:
+        os.environ.pop(variable, None)
+    else:
+        os.environ[variable] = value
+
+
+@pytest.mark.parametrize("before", [None, "", "/a::/b", ":", "/only"])
+def test_uninstall_gives_back_exactly_the_environment_install_found(saved_environment, before):
+    # An empty entry is the current directory to Python: install() must not drop it and
+    # uninstall() must not leave the package's directories behind.
+    set_or_unset("PYTHONPATH", before)
+    os.environ.pop(_tms_env.ENABLE_VARIABLE, None)
+    _tms_env.install()
+    _tms_env.install()
+    assert os.environ["PYTHONPATH"].split(":")[0] == _tms_env.shim_path()
+    assert sys.path[0] == _tms_env.shim_path()
+    _tms_env.uninstall()
+    assert os.environ.get("PYTHONPATH") == before
+    assert _tms_env.ENABLE_VARIABLE not in os.environ
+    assert _tms_env.shim_path() not in sys.path
+    _tms_env.uninstall()  # a second uninstall changes nothing
+    assert os.environ.get("PYTHONPATH") == before
+
+
+def test_uninstall_keeps_what_was_changed_since_install(saved_environment):
+    os.environ["PYTHONPATH"] = "/mine"
+    os.environ[_tms_env.ENABLE_VARIABLE] = "0"
+    _tms_env.install()
+    os.environ["PYTHONPATH"] += ":/added-later"
+    _tms_env.uninstall()
+    assert os.environ["PYTHONPATH"] == "/mine:/added-later"
+    assert os.environ[_tms_env.ENABLE_VARIABLE] == "0"
+
+
+def test_install_puts_no_site_packages_on_pythonpath(saved_environment, monkeypatch):
+    # A package installed in this interpreter's site-packages is found by its children anyway;
+    # that directory on PYTHONPATH would come first for every other interpreter too.
+    import site
+
+    parent = os.path.dirname(os.path.dirname(os.path.dirname(_tms_env.__file__)))
+    monkeypatch.setattr(site, "getsitepackages", lambda: [parent])
+    os.environ.pop("PYTHONPATH", None)
+    _tms_env.install()
+    assert os.environ["PYTHONPATH"] == _tms_env.shim_path()
