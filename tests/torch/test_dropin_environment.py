@@ -78,3 +78,26 @@ def test_install_puts_no_site_packages_on_pythonpath(saved_environment, monkeypa
     os.environ.pop("PYTHONPATH", None)
     _tms_env.install()
     assert os.environ["PYTHONPATH"] == _tms_env.shim_path()
+
+
+def copy_package(destination):
+    shutil.copytree(os.path.join(PACKAGE, "tagmem"), os.path.join(destination, "tagmem"),
+                    ignore=shutil.ignore_patterns("__pycache__", "*.so"))
+    return destination
+
+
+def test_tms_env_lines_are_safe_to_eval_whatever_the_install_path(tmp_path):
+    hostile = tmp_path / "a b'$(touch pwned)`touch pwned2`\"$HOME"
+    copy_package(hostile)
+    lines = subprocess.run(
+        [sys.executable, "-m", "tagmem.compat.tms_env"], env=dict(os.environ, PYTHONPATH=str(hostile)),
+        cwd=tmp_path, capture_output=True, text=True, check=True,
+    ).stdout
+    shell = subprocess.run(
+        ["bash", "-c", 'eval "$1"; printf "%s" "$PYTHONPATH"', "bash", lines],
+        env=dict(os.environ, PYTHONPATH="/rest"), cwd=tmp_path, capture_output=True, text=True,
+        check=True,
+    )
+    assert not (tmp_path / "pwned").exists() and not (tmp_path / "pwned2").exists()
+    expected = os.path.join(hostile, "tagmem", "compat", "tms_path")
+    assert shell.stdout == f"{expected}:/rest"
