@@ -8,7 +8,6 @@ TAGMEM_PRELOAD_LIBRARY names libtagmem_preload.so (ctest and gpu_run.sh set it).
 """
 
 import ctypes
-import filecmp
 import json
 import os
 import subprocess
@@ -283,9 +282,6 @@ def test_configure_subprocess_starts_children_under_the_shim(clean_install):
     assert os.path.realpath(child["binary"]) == os.path.realpath(library)
     assert child["init"] is False and child["in_region"] is True
     assert child["owner"] == "weights" and child["switched_off"] is False
-    link = os.path.join(_tms_env.shim_path(), _tms_env.TMS_PRELOAD_NAME)
-    # Where slime looks for it: a link to the shim, or (in an installed package) a copy of it.
-    assert filecmp.cmp(link, library, shallow=False)
 
 
 def test_tms_init_enable_makes_every_thread_interesting_until_switched_off(clean_install):

@@ -101,3 +101,22 @@ def test_tms_env_lines_are_safe_to_eval_whatever_the_install_path(tmp_path):
     assert not (tmp_path / "pwned").exists() and not (tmp_path / "pwned2").exists()
     expected = os.path.join(hostile, "tagmem", "compat", "tms_path")
     assert shell.stdout == f"{expected}:/rest"
+
+
+def test_install_writes_nothing_into_the_package(tmp_path):
+    # A link made at run time inside the package is never re-pointed: once dangling it can
+    # name a file anyone can create, which callers then put on LD_PRELOAD.
+    package = copy_package(tmp_path / "site")
+
+    def listing():
+        return sorted(
+            (os.path.relpath(os.path.join(root, n), package), os.path.islink(os.path.join(root, n)))
+            for root, dirs, names in os.walk(package) for n in names + dirs
+            if "__pycache__" not in root and n != "__pycache__"
+        )
+
+    before = listing()
+    code = "import tagmem.compat.torch_memory_saver as t; t.install()"
+    env = dict(os.environ, PYTHONPATH=str(package), PYTHONDONTWRITEBYTECODE="1")
+    subprocess.run([sys.executable, "-c", code], env=env, check=True, cwd=tmp_path)
+    assert listing() == before

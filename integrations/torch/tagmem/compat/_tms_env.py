@@ -73,7 +73,7 @@ def _package_parent_needed(parent):
 def install():
     """Makes ``import torch_memory_saver`` give tagmem's drop-in in this process and in every
     subprocess started afterwards from its environment (Note [torch_memory_saver under its own
-    name]). Idempotent; uninstall() undoes it. Raises ImportError when
+    name]). Writes nothing to disk. Idempotent; uninstall() undoes it. Raises ImportError when
     another ``torch_memory_saver`` is imported already (install before the engine imports it)."""
     global _installed
     loaded = sys.modules.get("torch_memory_saver")
@@ -95,7 +95,6 @@ def install():
             pythonpath += ":" + package_parent
             added.append(package_parent)
         os.environ["PYTHONPATH"] = pythonpath
-        _link_preload_library(path)
         if path in sys.path:
             sys.path.remove(path)
         sys.path.insert(0, path)
@@ -104,20 +103,6 @@ def install():
             _installed = (before, after, added)
         else:  # installed again: what the first install found is what uninstall() restores
             _installed = (_installed[0], after, _installed[2] + added)
-
-
-def _link_preload_library(path):
-    # Callers compute the hook library as a file beside the torch_memory_saver package
-    # directory; a link there to libtagmem_preload.so answers them (where the directory is
-    # writable; setup.py puts a copy there in an installed package).
-    link = os.path.join(path, TMS_PRELOAD_NAME)
-    library = preload_library()
-    if library is None or os.path.exists(link):
-        return
-    try:
-        os.symlink(os.path.abspath(library), link)
-    except OSError:
-        pass
 
 
 def uninstall():
