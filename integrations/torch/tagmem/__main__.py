@@ -16,7 +16,7 @@ import os
 import sys
 
 from . import _api, _entry_points, _errors, _lib
-from .compat import _tms_env
+from . import _preload as _preload_lib
 
 EMU_NAME = "libtagmem_emu.so"
 _PACKAGE_LIB = os.path.join(os.path.dirname(os.path.abspath(__file__)), "lib")
@@ -27,15 +27,12 @@ def _fail(message):
     return 1
 
 
-def _preload_or_none():
-    return _tms_env.preload_library()
-
-
-def _preload_missing():
-    return _fail(
-        "libtagmem_preload.so not found: set TAGMEM_PRELOAD_LIBRARY, or install the package "
-        "from the repository (pip install --no-build-isolation ./integrations/torch)"
-    )
+def _preload():
+    """The shim's absolute path, or an error string (it is missing or its path unusable)."""
+    try:
+        return _preload_lib.required(), None
+    except (_preload_lib.PreloadLibraryNotFound, _preload_lib.PreloadPathError) as e:
+        return None, str(e)
 
 
 def _emulated_driver():
@@ -59,9 +56,9 @@ def _library(find):
 
 
 def preload_path(_args):
-    library = _preload_or_none()
+    library, problem = _preload()
     if library is None:
-        return _preload_missing()
+        return _fail(problem)
     print(library)
     return 0
 
@@ -70,7 +67,7 @@ def config(_args):
     print("libraries:")
     print(f"  libtagmem               {_library(_lib.library_file)}")
     print(f"  libtagmem_torch_alloc   {_library(_entry_points.path)}")
-    print(f"  libtagmem_preload       {_preload_or_none() or '(not found)'}")
+    print(f"  libtagmem_preload       {_preload_lib.library() or '(not found)'}")
     print(f"  libtagmem_emu           {_emulated_driver() or '(not found)'}")
     # The library's table (options.def) holds every TAGMEM_* setting, this package's included.
     print("settings (name, where the value comes from, value):")
@@ -124,12 +121,11 @@ def run(args):
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
         return _fail("run: no command given (python -m tagmem run -- CMD ARGS...)")
-    library = _preload_or_none()
+    library, problem = _preload()
     if library is None:
-        return _preload_missing()
-    library = os.path.abspath(library)
-    before = [p for p in os.environ.get("LD_PRELOAD", "").split(":") if p and p != library]
-    env = dict(os.environ, LD_PRELOAD=":".join([library] + before))
+        return _fail(problem)
+    ld_preload = _preload_lib.with_shim_first(library, os.environ.get("LD_PRELOAD"))
+    env = dict(os.environ, LD_PRELOAD=ld_preload)
     try:
         os.execvpe(command[0], command, env)
     except OSError as e:

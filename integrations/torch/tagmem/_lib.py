@@ -21,6 +21,8 @@ import ctypes
 import os
 import threading
 
+from . import _preload
+
 MAX_TAG_NAME = 63
 CURRENT_DEVICE = -1
 
@@ -144,8 +146,14 @@ class LibraryNotFound(OSError):
     """libtagmem could not be found or loaded; the message lists every place tried."""
 
 
+SHIM_SYMBOL = "tagmem_preload_set_thread_routing"  # exported by libtagmem_preload.so only
+
+
 def _candidates():
     process = ctypes.CDLL(None)
+    problem = _preload.unhonoured(hasattr(process, SHIM_SYMBOL))
+    if problem:
+        raise LibraryNotFound("tagmem: " + problem)
     if hasattr(process, "tagmem_malloc"):
         yield "process", lambda: process
     env = os.environ.get("TAGMEM_LIBRARY")

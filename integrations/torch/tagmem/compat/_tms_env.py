@@ -25,10 +25,11 @@ import os
 import sys
 import threading
 
+from .. import _lib, _preload
+
 ENABLE_VARIABLE = "TAGMEM_AS_TORCH_MEMORY_SAVER"
-PRELOAD_NAME = "libtagmem_preload.so"
-# The file name torch_memory_saver's callers compute next to the package directory.
-TMS_PRELOAD_NAME = "torch_memory_saver_hook_mode_preload.abi3.so"
+PRELOAD_NAME = _preload.PRELOAD_NAME
+TMS_PRELOAD_NAME = _preload.TMS_PRELOAD_NAME
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -135,27 +136,15 @@ def uninstall():
 
 
 def preload_library():
-    """The path of libtagmem_preload.so, or None when none is found."""
-    env = os.environ.get("TAGMEM_PRELOAD_LIBRARY")
-    if env:
-        return env if os.path.exists(env) else None
-    package_lib = os.path.join(os.path.dirname(_HERE), "lib", PRELOAD_NAME)
-    if os.path.exists(package_lib):
-        return package_lib
-    try:
-        from .. import _lib
-
-        beside = os.path.join(os.path.dirname(_lib.library_file() or ""), PRELOAD_NAME)
-    except Exception:  # no libtagmem at all: nothing beside it either
-        return None
-    return beside if os.path.exists(beside) else None
+    """The absolute path of libtagmem_preload.so, or None when none is found."""
+    return _preload.library()
 
 
 def _shim_functions():
     import ctypes
 
     process = ctypes.CDLL(None)
-    if not hasattr(process, "tagmem_preload_set_thread_routing"):
+    if not hasattr(process, _lib.SHIM_SYMBOL):
         return None
     setter = process.tagmem_preload_set_thread_routing
     setter.argtypes, setter.restype = [ctypes.c_int], ctypes.c_int
@@ -195,18 +184,14 @@ def thread_routed():
 
 @contextlib.contextmanager
 def configure_subprocess():
-    """Context manager: processes started inside get libtagmem_preload.so first on LD_PRELOAD
-    (and the drop-in's variables, which install() already put in the environment). Restores
-    LD_PRELOAD on exit."""
-    library = preload_library()
-    if library is None:
-        raise FileNotFoundError(
-            f"{PRELOAD_NAME} not found: set TAGMEM_PRELOAD_LIBRARY to its path (a CMake build "
-            "has it in integrations/preload/), or install the package with TAGMEM_BUILD_DIR set"
-        )
+    """Context manager: processes started inside get libtagmem_preload.so first on LD_PRELOAD,
+    by its absolute path and as its only copy (and the drop-in's variables, which install()
+    already put in the environment). Restores LD_PRELOAD on exit. Raises PreloadLibraryNotFound
+    (a FileNotFoundError and RuntimeError) without the shim, PreloadPathError (a ValueError)
+    when its path would not survive LD_PRELOAD."""
+    library = _preload.required()
     before = os.environ.get("LD_PRELOAD")
-    parts = [p for p in (before or "").split(":") if p and p != library]
-    os.environ["LD_PRELOAD"] = ":".join([library] + parts)
+    os.environ["LD_PRELOAD"] = _preload.with_shim_first(library, before)
     try:
         yield
     finally:
