@@ -5,13 +5,18 @@ order (Note [one tagmem per process]):
 
 1. the process itself, when it already exports ``tagmem_malloc`` (the LD_PRELOAD shim
    libtagmem_preload.so, or a host program linked with libtagmem);
-2. the file named by the environment variable ``TAGMEM_LIBRARY``;
-3. ``libtagmem.so.0`` inside the package (``tagmem/lib/``, where setup.py copies a build);
-4. ``libtagmem.so.0`` on the dynamic linker's search path (LD_LIBRARY_PATH, ldconfig).
+2. a ``libtagmem.so.0`` loaded already without RTLD_GLOBAL (by an extension module), found by
+   its soname without loading anything;
+3. the file named by the environment variable ``TAGMEM_LIBRARY``;
+4. ``libtagmem.so.0`` inside the package (``tagmem/lib/``, where setup.py copies a build);
+5. ``libtagmem.so.0`` on the dynamic linker's search path (LD_LIBRARY_PATH, ldconfig).
 
 Note [one tagmem per process]: tagmem's registry is process state. A second copy of the library
 would hold its own tags, so if the process already has tagmem (the preload shim interposes CUDA
 allocations into *its* copy) the package must use that one, even when TAGMEM_LIBRARY is set.
+The libraries that link libtagmem (libtagmem_torch_alloc.so, libtagmem_libtorch.so) name it by
+its soname, libtagmem.so.0, which is also the preload shim's: under the shim the loader gives
+them the shim rather than mapping a second copy.
 
 Every foreign call goes through ctypes.CDLL, which releases the GIL for the call's duration, so an
 offload that copies gigabytes does not stall other Python threads.
@@ -146,6 +151,7 @@ class LibraryNotFound(OSError):
     """libtagmem could not be found or loaded; the message lists every place tried."""
 
 
+SONAME = "libtagmem.so.0"  # the preload shim's soname too
 SHIM_SYMBOL = "tagmem_preload_set_thread_routing"  # exported by libtagmem_preload.so only
 
 
@@ -156,6 +162,15 @@ def _candidates():
         raise LibraryNotFound("tagmem: " + problem)
     if hasattr(process, "tagmem_malloc"):
         yield "process", lambda: process
+    # A copy loaded already without RTLD_GLOBAL (by an extension module, say) is invisible above:
+    # the loader finds it by its soname without loading anything (RTLD_NOLOAD).
+    try:
+        loaded = ctypes.CDLL(SONAME, mode=os.RTLD_NOLOAD | os.RTLD_LOCAL)
+    except OSError:
+        loaded = None
+    if loaded is not None:
+        yield "loaded", lambda: loaded
+        return
     env = os.environ.get("TAGMEM_LIBRARY")
     if env:
         yield env, lambda: ctypes.CDLL(env)
@@ -163,7 +178,7 @@ def _candidates():
     here = os.path.join(os.path.dirname(os.path.abspath(__file__)), "lib", "libtagmem.so.0")
     if os.path.exists(here):
         yield here, lambda: ctypes.CDLL(here)
-    yield "libtagmem.so.0", lambda: ctypes.CDLL("libtagmem.so.0")
+    yield SONAME, lambda: ctypes.CDLL(SONAME)
 
 
 def lib():
@@ -194,7 +209,8 @@ def lib():
 
 
 def origin():
-    """Where the library came from: "process", or the path or name it was loaded by."""
+    """Where the library came from: "process", "loaded" (found by its soname, loaded already),
+    or the path or name it was loaded by."""
     lib()
     return _origin
 
