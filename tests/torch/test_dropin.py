@@ -298,8 +298,9 @@ def test_tms_init_enable_makes_every_thread_interesting_until_switched_off(clean
         t.start(); t.join()
         first = cdll.tms_get_interesting_region()
         cdll.tms_set_interesting_region(False)
+        from tagmem.compat import torch_memory_saver as dropin
         print(json.dumps([first, seen["other"], cdll.tms_get_interesting_region(),
-                          tms.torch_memory_saver._impl._backup]))
+                          {t: dropin._backups.wants(t) for t in dropin._backups.tags()}]))
         """,
         {"LD_PRELOAD": preload_library(), "TMS_INIT_ENABLE": "1", "TMS_INIT_ENABLE_CPU_BACKUP": "1"},
     )

@@ -74,6 +74,35 @@ class _BinaryWrapper:
         self.cdll = _Cdll(impl)
 
 
+class _BackupRecord:
+    """Which region tags keep their bytes when paused: process-wide, shared by every
+    TorchMemorySaver (torch_memory_saver records it with each allocation, so a saver pauses with a
+    backup what any saver's region allocated with one). A tag once opened with a CPU backup keeps
+    wanting one: pausing it with DISCARD would lose data a region asked to keep."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._wanted = {}  # tag -> whether pause keeps its bytes, in first-use order
+
+    def note(self, tag, backup):
+        """Records a region of `tag`; returns whether the tag wants a backup now."""
+        with self._lock:
+            self._wanted[tag] = self._wanted.get(tag, False) or bool(backup)
+            return self._wanted[tag]
+
+    def wants(self, tag):
+        with self._lock:
+            return self._wanted.get(tag, False)
+
+    def tags(self):
+        with self._lock:
+            return list(self._wanted)
+
+
+_backups = _BackupRecord()
+_init_lock = threading.Lock()  # one _Impl per TorchMemorySaver, however many first calls race
+
+
 class _Impl:
     """The initialised state behind TorchMemorySaver (created on first use)."""
 
@@ -95,7 +124,6 @@ class _Impl:
         self.retain_cpu_backup = _tms_env.flag("TMS_RETAIN_CPU_BACKUP")
         self._binary_wrapper = _BinaryWrapper(self)
         self._lock = threading.Lock()
-        self._backup = {}  # tag -> whether pause keeps its bytes
         self._pools = {}  # preload mode: (tag, device) -> the MemPool its regions use
         self._local = threading.local()  # torch mode: depth, off
         if _tms_env.flag("TMS_INIT_ENABLE"):
@@ -118,9 +146,7 @@ class _Impl:
             self._local.off = not value
 
     def _note(self, tag, backup):
-        with self._lock:
-            self._backup[tag] = self._backup.get(tag, False) or bool(backup)
-            mode = _api.BACKUP if self._backup[tag] else _api.DISCARD
+        mode = _api.BACKUP if _backups.note(tag, backup) else _api.DISCARD
         # A region with a CPU backup is pinned ahead as it grows (tagmem_tag_plan_offload).
         _api.plan_offload(tag, mode)
 
@@ -198,8 +224,7 @@ class _Impl:
 
     def _present(self, tag):
         """[(device, [tags])] of the selected region tags that exist, per device."""
-        with self._lock:
-            known = list(self._backup) if tag is None else [tag]
+        known = _backups.tags() if tag is None else [tag]
         out = []
         for d in range(_torch().cuda.device_count()):
             names = [n for n in known if n in set(_api.tags(d))]
@@ -217,7 +242,7 @@ class _Impl:
         for d, names in work:
             _torch().cuda.synchronize(d)
             for mode in (_api.BACKUP, _api.DISCARD):
-                group = [n for n in names if (mode == _api.BACKUP) == self._backup.get(n, False)]
+                group = [n for n in names if (mode == _api.BACKUP) == _backups.wants(n)]
                 if group:
                     _api.offload(group, mode, d)
             _api.wait_released(d)
@@ -231,7 +256,7 @@ class _Impl:
             work.append((d, [n for n in names if states[n] != "resident"]))
         for d, names in work:
             for n in names:
-                if self._backup.get(n, False):
+                if _backups.wants(n):
                     _api.set_keep_backup(n, self.retain_cpu_backup, d)
             if names:
                 _api.reload(names, d)
@@ -279,10 +304,14 @@ class TorchMemorySaver:
         self._impl = None
 
     def _ensure_initialized(self):
-        if self._impl is None:
-            self._impl = _Impl(**self._impl_ctor_kwargs)
-            self._impl_ctor_kwargs = None
-        return self._impl
+        impl = self._impl
+        if impl is not None:
+            return impl
+        with _init_lock:
+            if self._impl is None:
+                self._impl = _Impl(**self._impl_ctor_kwargs)
+                self._impl_ctor_kwargs = None
+            return self._impl
 
     @contextlib.contextmanager
     def region(

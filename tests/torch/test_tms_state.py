@@ -1,0 +1,68 @@
+"""The torch_memory_saver drop-in's process state, without PyTorch: one implementation per saver
+however many first calls race, and the record of which tags want a CPU backup shared by every
+saver in the process (as torch_memory_saver keeps it with each allocation).
+
+Runs on the emulated driver in CI and on the real one in gpu_run.sh (no PyTorch needed).
+"""
+
+import threading
+import types
+
+import pytest
+
+import tagmem
+from tagmem.compat import torch_memory_saver as dropin
+
+
+def test_racing_first_calls_make_one_implementation(monkeypatch):
+    saver = dropin.TorchMemorySaver()
+    saver.hook_mode = "torch"
+    made = []
+    # Each construction waits for a second one: with the lock there never is one, and the wait
+    # ends at the barrier's timeout (a bound on the test, not an assertion on time).
+    barrier = threading.Barrier(2, timeout=2)
+    real_init = dropin._Impl.__init__
+
+    def init(self, *args, **kwargs):
+        made.append(self)
+        try:
+            barrier.wait()
+        except threading.BrokenBarrierError:
+            pass
+        real_init(self, *args, **kwargs)
+
+    monkeypatch.setattr(dropin._Impl, "__init__", init)
+    seen = []
+    threads = [threading.Thread(target=lambda: seen.append(saver._ensure_initialized()))
+               for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(made) == 1 and seen == [made[0], made[0]]
+
+
+@pytest.fixture
+def torch_free(monkeypatch):
+    """The drop-in in torch hook mode over the plain tag API: a region is tagmem.tag, and the
+    device is the emulated driver's one."""
+    cuda = types.SimpleNamespace(device_count=lambda: 1, synchronize=lambda device=None: None)
+    monkeypatch.setattr(dropin, "_torch", lambda: types.SimpleNamespace(cuda=cuda))
+    monkeypatch.setattr(dropin, "_tt", lambda: types.SimpleNamespace(tag=tagmem.tag))
+
+
+def test_a_backup_any_saver_asked_for_is_kept_by_every_saver(torch_free, io, rng):
+    tag = f"w{rng.randrange(1 << 30)}"
+    first, second = dropin.TorchMemorySaver(), dropin.TorchMemorySaver()
+    first.hook_mode = second.hook_mode = "torch"
+    nbytes = rng.randrange(1, 64) << 14
+    with first.region(tag=tag, enable_cpu_backup=True):
+        p = tagmem.raw_alloc(nbytes)
+    data = rng.randbytes(nbytes)
+    io.write(p, data)
+    with second.region(tag=tag):  # a later region without a backup changes nothing
+        pass
+    second.pause(tag)
+    assert tagmem.state(tag) == "offloaded_backup"
+    second.resume(tag)
+    assert io.read(p, nbytes) == data
