@@ -116,13 +116,12 @@ class CuMemAllocator:
                        [t for t in resident if t not in keep_names], d)
 
     def discard(self, tags):
-        """Drops the bytes of `tags`: resident ones are offloaded with DISCARD; ones asleep with a
-        backup are reloaded and discarded (their backup is dropped). Stays asleep afterwards."""
+        """Drops the bytes of the resident tags among `tags` (offloaded with DISCARD; asleep
+        afterwards). Tags already asleep are left as they are, backup included, as vLLM skips
+        allocations that are asleep: reloading one to discard it would need its full size free
+        and would destroy a backup a later wake_up() restores."""
         names = [t for t in _names(tags) if t in self._tags]
         d = _tt().device_index()
-        backed_up = [t for t in _in_state(names, d, False) if _api.state(t, d) == "offloaded_backup"]
-        if backed_up:
-            _tt().reload(backed_up, d)
         _offload_split([], _in_state(names, d, True), d)
 
     def wake_up(self, tags=None):
