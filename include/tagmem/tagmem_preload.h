@@ -26,6 +26,11 @@ int tagmem_preload_set_thread_routing(int mode);
 /* 1 when a cudaMalloc made by the calling thread now would go to tagmem, else 0. */
 int tagmem_preload_thread_routed(void);
 
+/* The tag every cudaMalloc outside a tag scope goes to (TAGMEM_PRELOAD_TAG, or "default" under
+ * TMS_INIT_ENABLE=1), or NULL when there is none. Read once at start-up; the string lives as long
+ * as the process. Lets control code (the torch_memory_saver drop-in) pause that tag. */
+const char* tagmem_preload_default_tag(void);
+
 #ifdef __cplusplus
 }
 #endif

@@ -9,8 +9,9 @@
 #include <cstring>
 #include <mutex>
 
-#include "real_symbols.hpp"
 #include "api/runtime.hpp"
+#include "real_symbols.hpp"
+#include "tagmem/tagmem_preload.h"
 
 namespace tagmem::preload {
 namespace {
@@ -82,3 +83,8 @@ bool records_driver_calls_of(const void* caller) {
 }
 
 }  // namespace tagmem::preload
+
+extern "C" __attribute__((visibility("default"))) const char* tagmem_preload_default_tag(void) {
+  const std::string& tag = tagmem::preload::config().default_tag;
+  return tag.empty() ? nullptr : tag.c_str();
+}

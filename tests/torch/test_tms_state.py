@@ -5,12 +5,18 @@ saver in the process (as torch_memory_saver keeps it with each allocation).
 Runs on the emulated driver in CI and on the real one in gpu_run.sh (no PyTorch needed).
 """
 
+import json
+import os
+import subprocess
+import sys
+import textwrap
 import threading
 import types
 
 import pytest
 
 import tagmem
+from tagmem import _preload
 from tagmem.compat import torch_memory_saver as dropin
 
 
@@ -66,3 +72,34 @@ def test_a_backup_any_saver_asked_for_is_kept_by_every_saver(torch_free, io, rng
     assert tagmem.state(tag) == "offloaded_backup"
     second.resume(tag)
     assert io.read(p, nbytes) == data
+
+
+def test_tms_init_enable_pauses_the_tag_the_shim_routes_to(rng):
+    # Under TMS_INIT_ENABLE=1 the shim puts every cudaMalloc into its default tag, which
+    # TAGMEM_PRELOAD_TAG renames: pause() must know that tag, with the backup asked for.
+    shim = _preload.library()
+    assert shim, "set TAGMEM_PRELOAD_LIBRARY to libtagmem_preload.so (ctest and gpu_run.sh do)"
+    tag = f"t{rng.randrange(1 << 30)}"
+    code = """
+        import ctypes, json, types
+        import tagmem
+        from tagmem.compat import torch_memory_saver as dropin
+        cuda = types.SimpleNamespace(device_count=lambda: 1, synchronize=lambda device=None: None)
+        dropin._torch = lambda: types.SimpleNamespace(cuda=cuda)
+        cuda_malloc = ctypes.CDLL(None).cudaMalloc
+        cuda_malloc.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_size_t]
+        p = ctypes.c_void_p()
+        assert cuda_malloc(ctypes.byref(p), 3 << 20) == 0
+        owner = tagmem.pointer_info(p.value)["tag"]
+        saver = dropin.TorchMemorySaver()
+        saver.pause()
+        print(json.dumps({"owner": owner, "mode": saver._impl.hook_mode,
+                          "state": tagmem.state(owner)}))
+    """
+    env = dict(os.environ, LD_PRELOAD=shim, TMS_INIT_ENABLE="1", TMS_INIT_ENABLE_CPU_BACKUP="1",
+               TAGMEM_PRELOAD_TAG=tag)
+    done = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    child = json.loads(done.stdout.strip().splitlines()[-1])
+    assert child == {"owner": tag, "mode": "preload", "state": "offloaded_backup"}

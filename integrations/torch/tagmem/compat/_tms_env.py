@@ -150,7 +150,9 @@ def _shim_functions():
     setter.argtypes, setter.restype = [ctypes.c_int], ctypes.c_int
     routed = process.tagmem_preload_thread_routed
     routed.argtypes, routed.restype = [], ctypes.c_int
-    return setter, routed
+    default_tag = process.tagmem_preload_default_tag
+    default_tag.argtypes, default_tag.restype = [], ctypes.c_char_p
+    return setter, routed, default_tag
 
 
 _shim = None
@@ -175,6 +177,15 @@ def set_thread_routing(mode):
     if previous == -2:
         raise ValueError(f"routing mode {mode!r}: expected ROUTE_AUTO, ROUTE_OFF or ROUTE_ON")
     return previous
+
+
+def shim_default_tag():
+    """The tag the preload shim puts every cudaMalloc outside a tag scope into
+    (TAGMEM_PRELOAD_TAG, or "default" under TMS_INIT_ENABLE=1), or None."""
+    if not shim_loaded():
+        return None
+    tag = _shim[2]()
+    return tag.decode() if tag else None
 
 
 def thread_routed():

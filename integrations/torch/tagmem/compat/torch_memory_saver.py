@@ -17,8 +17,9 @@ use; by default "preload" when libtagmem_preload.so is loaded in the process, el
   LD_PRELOAD for processes started inside it). A region opens a fresh MemPool, so PyTorch asks
   the runtime for new segments, and switches the thread's routing on with `tag` as its current
   tag: every cudaMalloc this thread makes inside the region, whichever pool asked, goes to tagmem
-  in `tag`. TMS_INIT_ENABLE=1 makes every cudaMalloc of the process pausable (tag "default"),
-  TMS_INIT_ENABLE_CPU_BACKUP=1 backs that tag up on pause.
+  in `tag`. TMS_INIT_ENABLE=1 makes every cudaMalloc of the process pausable (tag "default", or
+  the shim's TAGMEM_PRELOAD_TAG when set), TMS_INIT_ENABLE_CPU_BACKUP=1 backs that tag up on
+  pause.
 
 ``pause(tag)`` offloads (BACKUP for tags whose regions asked for a CPU backup, else DISCARD) and
 returns once the memory is back with the driver; ``resume(tag)`` maps it again at the same
@@ -128,7 +129,9 @@ class _Impl:
         self._local = threading.local()  # torch mode: depth, off
         if _tms_env.flag("TMS_INIT_ENABLE"):
             if hook_mode == "preload":
-                self._note(_TAG_DEFAULT, _tms_env.flag("TMS_INIT_ENABLE_CPU_BACKUP"))
+                # The tag the shim routes every cudaMalloc to: "default", or TAGMEM_PRELOAD_TAG.
+                tag = _tms_env.shim_default_tag() or _TAG_DEFAULT
+                self._note(tag, _tms_env.flag("TMS_INIT_ENABLE_CPU_BACKUP"))
             else:
                 warnings.warn("TMS_INIT_ENABLE=1 only works in hook_mode='preload'; ignored")
 
