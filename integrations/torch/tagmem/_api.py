@@ -397,9 +397,8 @@ def set_keep_backup(name, keep=True, device=None):
 def set_memory_margin(nbytes):
     """Makes tagmem's allocations fail with OutOfMemoryError when they would leave less than
     `nbytes` of free device memory (0 turns the margin off). Process-wide."""
-    if int(nbytes) < 0:
-        raise _errors.error_for(1, f"memory margin {nbytes!r} is negative")
-    _lib.lib().tagmem_set_memory_margin(int(nbytes))
+    # Checked like every size: int() would turn 1.9 into 1, and ctypes 2**64 into 0 (no margin).
+    _lib.lib().tagmem_set_memory_margin(_args.size(nbytes, "memory margin"))
 
 
 def memory_margin():
