@@ -19,3 +19,15 @@ def test_a_memory_margin_ctypes_would_convert_is_refused_and_changes_nothing(bad
         assert tagmem.memory_margin() == kept
     finally:
         tagmem.set_memory_margin(0)
+
+
+def test_a_tag_named_all_keeps_its_own_statistics_beside_the_totals(rng):
+    sizes = {}
+    for name in ("all", "[all]", "other"):
+        sizes[name] = rng.randrange(1, 64) << 16
+        tagmem.raw_alloc(sizes[name], tag=name)
+    out = tagmem.stats()
+    for name, key in (("all", "[all]"), ("[all]", "[[all]]"), ("other", "other")):
+        assert out[f"requested_bytes.{key}.current"] == sizes[name]
+        assert out["by_tag"][name]["requested_bytes"] == sizes[name]
+    assert out["requested_bytes.all.current"] == sum(sizes.values())

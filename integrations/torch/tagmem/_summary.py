@@ -7,6 +7,7 @@ current`` and ``.peak``, ``reserved_bytes``, ``requested_bytes``, ``allocation.<
 ``mapped_bytes`` (resident), ``offloaded_bytes`` (reserved but not mapped), ``host_bytes`` (the
 pinned backup), ``offload_count`` / ``reload_count``. ``<metric>.all.current`` sums the tags; there
 is no ``.all.peak`` (tagmem keeps peaks per tag, and the peak of a sum is not the sum of peaks).
+A tag whose own name is "all" appears as ``[all]`` (Note [tag names beside the totals]).
 memory_summary() prints them in the layout of torch.cuda.memory_summary(). tagmem.stats() (and
 so tagmem.torch.stats()) carries the same keys beside the C structs' names.
 """
@@ -29,11 +30,27 @@ def memory_stats(device=None):
     return torch_named(_api.stats(None, device)["by_tag"])
 
 
+TOTAL = "all"
+
+
+def key_name(tag):
+    """The name tag `tag` has in memory_stats() keys.
+
+    Note [tag names beside the totals]: the totals take PyTorch's pool name "all", which is also a
+    valid tag name; a tag so named would have its keys overwritten by the sums. Such a tag, and
+    any name already in brackets, is written in brackets ("all" -> "[all]", "[all]" -> "[[all]]"),
+    so every tag keeps keys of its own and no two tags share one."""
+    if tag == TOTAL or (tag.startswith("[") and tag.endswith("]")):
+        return f"[{tag}]"
+    return tag
+
+
 def torch_named(by_tag):
     """The memory_stats() dict of `by_tag` ({tag name: tagmem.stats(tag) dict})."""
     out = {}
     sums = {}
-    for name, s in sorted(by_tag.items()):
+    for tag, s in sorted(by_tag.items()):
+        name = key_name(tag)
         offloaded = max(0, s["reserved_bytes"] - s["mapped_bytes"]) if s["state"] != "resident" else 0
         per_tag = {
             "allocated_bytes.%s.current": s["allocated_bytes"],
@@ -53,7 +70,7 @@ def torch_named(by_tag):
         for key, value in per_tag.items():
             out[key % name] = value
             if key.endswith(".current"):
-                sums[key % "all"] = sums.get(key % "all", 0) + value
+                sums[key % TOTAL] = sums.get(key % TOTAL, 0) + value
     out.update(sums)
     return out
 
