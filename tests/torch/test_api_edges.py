@@ -4,6 +4,10 @@ the totals' names in the statistics, and a library that lacks a symbol.
 Runs on the emulated driver in CI and on the real one in gpu_run.sh (no PyTorch needed).
 """
 
+import os
+import subprocess
+import sys
+
 import pytest
 
 import tagmem
@@ -31,3 +35,22 @@ def test_a_tag_named_all_keeps_its_own_statistics_beside_the_totals(rng):
         assert out[f"requested_bytes.{key}.current"] == sizes[name]
         assert out["by_tag"][name]["requested_bytes"] == sizes[name]
     assert out["requested_bytes.all.current"] == sum(sizes.values())
+
+
+def _loaded_libc():
+    with open("/proc/self/maps") as maps:
+        return next(line.split()[-1] for line in maps if "/libc.so" in line or "/libc-" in line)
+
+
+def test_a_library_without_tagmems_symbols_is_library_not_found():
+    # TAGMEM_LIBRARY naming another library (here libc): an error that says which symbols are
+    # missing, from the API and from `python -m tagmem config` alike, never an AttributeError.
+    env = dict(os.environ, TAGMEM_LIBRARY=_loaded_libc(), PYTHONPATH=os.pathsep.join(sys.path))
+    code = ("import tagmem\ntry:\n    tagmem.tags()\nexcept tagmem.LibraryNotFound as e:\n"
+            "    print('LibraryNotFound', e)")
+    run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.startswith("LibraryNotFound") and "lacks tagmem_" in run.stdout
+    cli = subprocess.run([sys.executable, "-m", "tagmem", "config"], env=env, capture_output=True,
+                         text=True)
+    assert "Traceback" not in cli.stderr and "lacks tagmem_" in cli.stdout + cli.stderr, cli

@@ -196,6 +196,11 @@ def lib():
             except OSError as e:
                 tried.append(f"{origin}: {e}")
                 continue
+            missing = [name for name in _PROTOTYPES if not hasattr(handle, name)]
+            if missing:  # another library of that name, or an older libtagmem
+                more = f" and {len(missing) - 1} more" if len(missing) > 1 else ""
+                tried.append(f"{origin}: lacks {missing[0]}{more} (not this version's libtagmem)")
+                continue
             for name, (restype, argtypes) in _PROTOTYPES.items():
                 fn = getattr(handle, name)
                 fn.restype = restype
