@@ -103,3 +103,21 @@ def test_tms_init_enable_pauses_the_tag_the_shim_routes_to(rng):
     assert done.returncode == 0, done.stderr
     child = json.loads(done.stdout.strip().splitlines()[-1])
     assert child == {"owner": tag, "mode": "preload", "state": "offloaded_backup"}
+
+
+def test_reading_hook_mode_initialises_nothing_and_configuration_closes_after_first_use():
+    # torch_memory_saver's hook_mode getter raises AttributeError, and its _impl_ctor_kwargs is
+    # deleted at first use; patches test hasattr(saver, "_impl_ctor_kwargs") before setting
+    # hook_mode (so an import-time `hook_mode = "torch"` runs only while it may).
+    saver = dropin.TorchMemorySaver()
+    assert not hasattr(saver, "hook_mode") and saver._impl is None
+    assert hasattr(saver, "_impl_ctor_kwargs")
+    saver.hook_mode = "torch"
+    saver._ensure_initialized()
+    assert saver.hook_mode == "torch"
+    assert not hasattr(saver, "_impl_ctor_kwargs")
+    with pytest.raises(AttributeError, match="before first use"):
+        saver.hook_mode = "torch"
+    if hasattr(saver, "_impl_ctor_kwargs"):  # what such a patch does: nothing now
+        saver.hook_mode = "preload"
+    assert saver.hook_mode == "torch"

@@ -313,7 +313,9 @@ class TorchMemorySaver:
         with _init_lock:
             if self._impl is None:
                 self._impl = _Impl(**self._impl_ctor_kwargs)
-                self._impl_ctor_kwargs = None
+                # Deleted, as torch_memory_saver does: patches in the wild test
+                # hasattr(saver, "_impl_ctor_kwargs") to know whether it may still be configured.
+                del self._impl_ctor_kwargs
             return self._impl
 
     @contextlib.contextmanager
@@ -369,13 +371,20 @@ class TorchMemorySaver:
 
     @property
     def hook_mode(self):
-        """The hook mode in use ("preload" or "torch"), once initialised."""
-        return self._ensure_initialized().hook_mode
+        """The hook mode in use ("preload" or "torch") once initialised. Reading it initialises
+        nothing: before first use it raises AttributeError, as torch_memory_saver's does."""
+        impl = self._impl
+        if impl is None:
+            raise AttributeError(
+                "torch_memory_saver.hook_mode is known only after first use (set it, or use the "
+                "saver first)"
+            )
+        return impl.hook_mode
 
     @hook_mode.setter
     def hook_mode(self, hook_mode):
         if self._impl is not None:
-            raise RuntimeError("torch_memory_saver.hook_mode must be set before first use")
+            raise _TooLate("torch_memory_saver.hook_mode must be set before first use")
         if hook_mode not in ("preload", "torch"):
             raise ValueError(f"hook_mode {hook_mode!r}: expected 'preload' or 'torch'")
         self._impl_ctor_kwargs["hook_mode"] = hook_mode
@@ -414,6 +423,11 @@ class TorchMemorySaver:
     def set_disk_backup_dir(self, path):
         """Not available: raises NotImplementedError naming the alternative."""
         raise NotImplementedError(_NO_DISK)
+
+
+class _TooLate(RuntimeError, AttributeError):
+    """Configuring after first use: torch_memory_saver raises AttributeError there (its
+    _impl_ctor_kwargs is gone), tagmem's message says why."""
 
 
 def _check_backup_args(enable_cpu_backup, enable_disk_backup, cpu_backup_backend):
