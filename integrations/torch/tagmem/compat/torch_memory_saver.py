@@ -33,7 +33,7 @@ import contextlib
 import threading
 import warnings
 
-from .. import _api, _errors
+from .. import _api, _args, _errors, _lib
 from . import _tms_env
 from ._tms_env import configure_subprocess, install, uninstall
 
@@ -57,8 +57,9 @@ def _tt():
 
 
 class _Cdll:
-    """The two torch_memory_saver C functions callers reach through
-    ``torch_memory_saver._impl._binary_wrapper.cdll`` (region tracking of the calling thread)."""
+    """The torch_memory_saver C functions callers reach through
+    ``torch_memory_saver._impl._binary_wrapper.cdll``: the calling thread's region configuration
+    (whether its allocations are tracked, into which tag, with a CPU backup or not)."""
 
     def __init__(self, impl):
         self._impl = impl
@@ -69,10 +70,55 @@ class _Cdll:
     def tms_set_interesting_region(self, value):
         self._impl.set_interesting(bool(value))
 
+    def tms_get_current_tag(self):
+        return self._impl.current_tag().encode()
+
+    def tms_set_current_tag(self, tag):
+        self._impl.set_current_tag(tag.decode() if isinstance(tag, bytes) else str(tag))
+
+    def tms_get_enable_cpu_backup(self):
+        return self._impl.thread_backup()
+
+    def tms_set_enable_cpu_backup(self, value):
+        self._impl.set_thread_backup(bool(value))
+
+    def tms_get_enable_disk_backup(self):
+        return False
+
+    def tms_set_enable_disk_backup(self, value):
+        if value:
+            raise NotImplementedError("enable_disk_backup=True: " + _NO_DISK)
+
+    def tms_get_retain_cpu_backup(self):
+        return self._impl.retain_cpu_backup
+
+    def tms_set_retain_cpu_backup(self, value):
+        self._impl.retain_cpu_backup = bool(value)
+
+    def set_memory_margin_bytes(self, value):
+        _api.set_memory_margin(value)
+
 
 class _BinaryWrapper:
+    """torch_memory_saver's BinaryWrapper: ``cdll`` and ``set_config``."""
+
     def __init__(self, impl):
         self.cdll = _Cdll(impl)
+
+    def set_config(
+        self,
+        *,
+        tag,
+        interesting_region,
+        enable_cpu_backup,
+        cpu_backup_backend=None,
+        enable_disk_backup=False,
+    ):
+        """Sets the calling thread's region configuration, as torch_memory_saver's does."""
+        _check_backup_args(enable_cpu_backup, enable_disk_backup, cpu_backup_backend)
+        self.cdll.tms_set_current_tag(tag.encode())
+        self.cdll.tms_set_interesting_region(interesting_region)
+        self.cdll.tms_set_enable_cpu_backup(enable_cpu_backup)
 
 
 class _BackupRecord:
@@ -148,6 +194,33 @@ class _Impl:
         else:
             self._local.off = not value
 
+    def current_tag(self):
+        """The tag this thread's tracked allocations go to (preload mode: the tag configured
+        last, "default" before any)."""
+        return getattr(self._local, "tag", None) or _TAG_DEFAULT
+
+    def set_current_tag(self, tag):
+        # Preload mode: the shim routes into the thread's current tagmem tag. The configured tag
+        # replaces the one configured before it on the thread's tag stack (one entry however
+        # often it is set), and setting "default" again takes that entry away.
+        name = _args.name(tag)  # checked as every tag name
+        if self.hook_mode == "preload":
+            lib = _lib.lib()
+            if getattr(self._local, "tag", None) is not None:
+                _errors.check(lib.tagmem_pop_tag())
+                self._local.tag = None
+            if tag != _TAG_DEFAULT:
+                _errors.check(lib.tagmem_push_tag(name))
+        self._local.tag = None if tag == _TAG_DEFAULT else tag
+
+    def thread_backup(self):
+        return getattr(self._local, "backup", False)
+
+    def set_thread_backup(self, value):
+        self._local.backup = value
+        if value:
+            self._note(self.current_tag(), True)
+
     def _note(self, tag, backup):
         mode = _api.BACKUP if _backups.note(tag, backup) else _api.DISCARD
         # A region with a CPU backup is pinned ahead as it grows (tagmem_tag_plan_offload).
@@ -161,21 +234,30 @@ class _Impl:
             return pool
 
     @contextlib.contextmanager
-    def _routed(self, tag):
-        # Preload mode: this thread's runtime allocations go to tagmem, into `tag`.
-        with _api.tag(tag):
-            previous = _tms_env.set_thread_routing(_tms_env.ROUTE_ON)
-            try:
-                yield
-            finally:
-                _tms_env.set_thread_routing(previous)
+    def _with_region_config(self, tag, enable_cpu_backup):
+        """Preload mode: the calling thread's configuration inside a region (its allocations go
+        to tagmem, into `tag`), restored on exit. Under this name, as in torch_memory_saver,
+        because callers replace it on the class (slime's nested regions set their own through
+        _binary_wrapper.set_config)."""
+        saved_tag, saved_backup = self.current_tag(), self.thread_backup()
+        previous = _tms_env.set_thread_routing(_tms_env.ROUTE_ON)
+        try:
+            self.set_current_tag(tag)
+            self._local.backup = bool(enable_cpu_backup)
+            yield
+        finally:
+            self.set_current_tag(saved_tag)
+            self._local.backup = saved_backup
+            _tms_env.set_thread_routing(previous)
 
     @contextlib.contextmanager
     def region(self, tag, enable_cpu_backup):
         self._note(tag, enable_cpu_backup)
         if self.hook_mode == "preload":
             device = _torch().cuda.current_device()
-            with _torch().cuda.use_mem_pool(self._pool(tag, device)), self._routed(tag):
+            with _torch().cuda.use_mem_pool(self._pool(tag, device)), self._with_region_config(
+                tag=tag, enable_cpu_backup=enable_cpu_backup
+            ):
                 yield
             return
         if getattr(self._local, "off", False):  # region tracking switched off on this thread
@@ -194,7 +276,7 @@ class _Impl:
         if self.hook_mode == "preload":
             with _torch().cuda.graph(
                 cuda_graph, pool=pool, stream=stream, capture_error_mode=capture_error_mode
-            ), self._routed(tag):
+            ), self._with_region_config(tag=tag, enable_cpu_backup=enable_cpu_backup):
                 yield
             return
         if pool is None:  # a pool passed in is a graph's earlier pool(), hence the tag's
@@ -307,6 +389,8 @@ class TorchMemorySaver:
         self._impl = None
 
     def _ensure_initialized(self):
+        # Callers use self._impl after calling this (patches in the wild replace it with one
+        # that returns None, as torch_memory_saver's does); it also returns the implementation.
         impl = self._impl
         if impl is not None:
             return impl
@@ -328,7 +412,8 @@ class TorchMemorySaver:
     ):
         """Context manager: CUDA memory allocated inside is pausable under `tag` (module doc)."""
         _check_backup_args(enable_cpu_backup, enable_disk_backup, cpu_backup_backend)
-        with self._ensure_initialized().region(tag, enable_cpu_backup):
+        self._ensure_initialized()
+        with self._impl.region(tag, enable_cpu_backup):
             yield
 
     @contextlib.contextmanager
@@ -345,24 +430,27 @@ class TorchMemorySaver:
         """``_torch().cuda.graph(...)`` whose private memory is pausable under `tag` (replaying
         the graph needs ``resume(tag)`` first)."""
         _check_backup_args(enable_cpu_backup, False, cpu_backup_backend)
-        impl = self._ensure_initialized()
-        with impl.cuda_graph(cuda_graph, pool, stream, capture_error_mode, tag, enable_cpu_backup):
+        self._ensure_initialized()
+        with self._impl.cuda_graph(cuda_graph, pool, stream, capture_error_mode, tag, enable_cpu_backup):
             yield
 
     @contextlib.contextmanager
     def disable(self):
         """Context manager: allocations inside are ordinary PyTorch memory, never paused."""
-        with self._ensure_initialized().disable():
+        self._ensure_initialized()
+        with self._impl.disable():
             yield
 
     def pause(self, tag=None):
         """Releases the device memory of `tag` (None: every region tag that is resident); it is
         back with the driver when this returns."""
-        self._ensure_initialized().pause(tag)
+        self._ensure_initialized()
+        self._impl.pause(tag)
 
     def resume(self, tag=None):
         """Maps `tag` again at its old addresses (None: every paused region tag)."""
-        self._ensure_initialized().resume(tag)
+        self._ensure_initialized()
+        self._impl.resume(tag)
 
     @property
     def enabled(self):
@@ -385,8 +473,8 @@ class TorchMemorySaver:
     def hook_mode(self, hook_mode):
         if self._impl is not None:
             raise _TooLate("torch_memory_saver.hook_mode must be set before first use")
-        if hook_mode not in ("preload", "torch"):
-            raise ValueError(f"hook_mode {hook_mode!r}: expected 'preload' or 'torch'")
+        # Stored as given, checked at first use, as torch_memory_saver does: patches add modes of
+        # their own and read this value back from _impl_ctor_kwargs.
         self._impl_ctor_kwargs["hook_mode"] = hook_mode
 
     @property
@@ -406,11 +494,13 @@ class TorchMemorySaver:
         get_cpu_backup() returns it while the tensor is active, until its tag is paused again
         (which writes a fresh copy), resumed without retention, or allocates or frees. Setting
         it to False gives no copy back by itself: the next non-retaining resume does."""
-        return self._ensure_initialized().retain_cpu_backup
+        self._ensure_initialized()
+        return self._impl.retain_cpu_backup
 
     @retain_cpu_backup.setter
     def retain_cpu_backup(self, value):
-        self._ensure_initialized().retain_cpu_backup = bool(value)
+        self._ensure_initialized()
+        self._impl.retain_cpu_backup = bool(value)
 
     def get_cpu_backup(self, x, zero_copy=False):
         """A CPU tensor of `x`'s bytes while its tag is paused with a CPU backup (zero_copy=True:
@@ -418,7 +508,8 @@ class TorchMemorySaver:
         retaining resume kept (a snapshot of the last pause; zero_copy: a view, read-only by
         contract, valid until the tag is paused or resumed again) or None when there is none.
         Raises TagOffloadedError when the tag was paused without a backup."""
-        return self._ensure_initialized().get_cpu_backup(x, zero_copy)
+        self._ensure_initialized()
+        return self._impl.get_cpu_backup(x, zero_copy)
 
     def set_disk_backup_dir(self, path):
         """Not available: raises NotImplementedError naming the alternative."""

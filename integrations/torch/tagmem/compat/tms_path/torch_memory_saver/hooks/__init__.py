@@ -1,1 +1,2 @@
-"""torch_memory_saver.hooks under tagmem: only mode_preload.configure_subprocess is offered."""
+"""torch_memory_saver.hooks under tagmem: base.HookUtilBase (for patches that subclass it) and
+mode_preload.configure_subprocess."""

@@ -1,0 +1,159 @@
+"""torch_memory_saver's modules, attributes and exception types as public callers use them,
+answered by tagmem's drop-in (``import torch_memory_saver`` after install()). Each test names the
+caller it stands for; the code here is written for the test, not taken from the caller.
+
+Runs on the emulated driver in CI and on the real one in gpu_run.sh (no PyTorch needed: where a
+caller's code path touches PyTorch, the child replaces the drop-in's torch hooks with stand-ins).
+"""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from tagmem import _preload
+from tagmem.compat import _tms_env
+
+# The drop-in's torch hooks replaced for a torch-free child: one device, no pools to speak of.
+FAKE_TORCH = """
+    import contextlib, types
+    from tagmem.compat import torch_memory_saver as dropin
+    _cuda = types.SimpleNamespace(
+        device_count=lambda: 1, synchronize=lambda device=None: None, current_device=lambda: 0,
+        MemPool=lambda *a, **k: object(), use_mem_pool=lambda pool: contextlib.nullcontext())
+    dropin._torch = lambda: types.SimpleNamespace(cuda=_cuda)
+"""
+
+
+def run_child(code, env_changes=()):
+    env = dict(os.environ)
+    env.update({_tms_env.ENABLE_VARIABLE: "1",
+                "PYTHONPATH": os.pathsep.join([_tms_env.shim_path()] + [p for p in sys.path if p])})
+    env.update(env_changes)
+    done = subprocess.run([sys.executable, "-c", textwrap.dedent(FAKE_TORCH) + textwrap.dedent(code)],
+                          env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_a_missing_hook_library_is_the_runtime_error_slime_catches(tmp_path):
+    # THUDM/slime, resolve_preload_library() beside patch_nested_regions(): calls
+    # torch_memory_saver.utils.get_binary_path_from_package("torch_memory_saver_hook_mode_preload")
+    # and falls back on `except (ImportError, RuntimeError)`.
+    child = run_child(
+        """
+        import json
+        from torch_memory_saver.utils import get_binary_path_from_package
+        try:
+            get_binary_path_from_package("torch_memory_saver_hook_mode_preload")
+            print(json.dumps("found"))
+        except (ImportError, RuntimeError) as e:
+            print(json.dumps(type(e).__name__))
+        """,
+        {"TAGMEM_PRELOAD_LIBRARY": str(tmp_path / "missing" / "libtagmem_preload.so")},
+    )
+    assert child == "PreloadLibraryNotFound"
+
+
+def test_slimes_nested_regions_patch_routes_each_level_into_its_tag():
+    # THUDM/slime, patch_nested_regions(): imports _TorchMemorySaverImpl from
+    # torch_memory_saver.entrypoint, replaces its _with_region_config with one that reads
+    # impl._binary_wrapper.cdll.tms_get_interesting_region() / tms_get_enable_cpu_backup() and
+    # sets impl._binary_wrapper.set_config(tag=, interesting_region=, enable_cpu_backup=).
+    # THUDM/slime slime/ray/actor_group.py starts the trainer with TMS_INIT_ENABLE=1 and
+    # TMS_INIT_ENABLE_CPU_BACKUP=1 under the hook library.
+    shim = _preload.library()
+    assert shim, "set TAGMEM_PRELOAD_LIBRARY to libtagmem_preload.so (ctest and gpu_run.sh do)"
+    child = run_child(
+        """
+        import contextlib, ctypes, json
+        import tagmem
+        from torch_memory_saver import torch_memory_saver
+        from torch_memory_saver.entrypoint import _TorchMemorySaverImpl
+
+        @contextlib.contextmanager
+        def nested(impl, tag, enable_cpu_backup):  # what such a patch does
+            cdll = impl._binary_wrapper.cdll
+            active = bool(cdll.tms_get_interesting_region())
+            backup = bool(cdll.tms_get_enable_cpu_backup())
+            outer = cdll.tms_get_current_tag().decode()
+            impl._binary_wrapper.set_config(tag=tag, interesting_region=True,
+                                            enable_cpu_backup=enable_cpu_backup)
+            try:
+                yield
+            finally:
+                impl._binary_wrapper.set_config(tag=outer, interesting_region=active,
+                                                enable_cpu_backup=backup)
+
+        _TorchMemorySaverImpl._with_region_config = nested
+        malloc = ctypes.CDLL(None).cudaMalloc
+        malloc.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_size_t]
+        def owner():
+            p = ctypes.c_void_p()
+            assert malloc(ctypes.byref(p), 1 << 20) == 0
+            return tagmem.pointer_info(p.value)["tag"]
+        seen = [owner()]
+        with torch_memory_saver.region(tag="params", enable_cpu_backup=True):
+            seen.append(owner())
+            with torch_memory_saver.region(tag="grads", enable_cpu_backup=False):
+                seen.append(owner())
+            seen.append(owner())
+        seen.append(owner())
+        torch_memory_saver.pause()
+        print(json.dumps({"owners": seen, "mode": torch_memory_saver.hook_mode,
+                          "states": {t: tagmem.state(t) for t in ("default", "params", "grads")}}))
+        """,
+        {"LD_PRELOAD": shim, "TMS_INIT_ENABLE": "1", "TMS_INIT_ENABLE_CPU_BACKUP": "1"},
+    )
+    assert child["mode"] == "preload"
+    assert child["owners"] == ["default", "params", "grads", "params", "default"]
+    assert child["states"] == {"default": "offloaded_backup", "params": "offloaded_backup",
+                               "grads": "offloaded_discard"}
+
+
+def test_dynamos_patch_adds_a_hook_mode_of_its_own():
+    # ai-dynamo/dynamo components/src/dynamo/sglang/gpu_memory_service_adapters/
+    # torch_memory_saver_patch.py replaces torch_memory_saver.entrypoint.TorchMemorySaver.
+    # _ensure_initialized with one that reads self._impl_ctor_kwargs.get("hook_mode"), sets
+    # self._impl itself, deletes _impl_ctor_kwargs and returns None;
+    # .../torch_memory_saver_impl.py subclasses torch_memory_saver.hooks.base.HookUtilBase.
+    child = run_child(
+        """
+        import json
+        import torch_memory_saver.entrypoint as entrypoint
+        from torch_memory_saver.hooks.base import HookUtilBase
+
+        class NoBinary(HookUtilBase):
+            def get_path_binary(self):
+                return None
+
+        calls = []
+        class Impl:
+            def pause(self, tag):
+                calls.append(("pause", tag))
+            def resume(self, tag):
+                calls.append(("resume", tag))
+
+        original = entrypoint.TorchMemorySaver._ensure_initialized
+        def patched(self):
+            if self._impl is not None:
+                return
+            if self._impl_ctor_kwargs.get("hook_mode") == "service":
+                self._impl = Impl()
+                del self._impl_ctor_kwargs
+            else:
+                original(self)
+        entrypoint.TorchMemorySaver._ensure_initialized = patched
+        saver = entrypoint.TorchMemorySaver()
+        saver.hook_mode = "service"
+        saver.pause("weights")
+        saver.resume(None)
+        print(json.dumps({"calls": calls, "binary": NoBinary().get_path_binary(),
+                          "allocator": NoBinary().get_allocator()}))
+        """
+    )
+    assert child == {"calls": [["pause", "weights"], ["resume", None]], "binary": None,
+                     "allocator": None}
