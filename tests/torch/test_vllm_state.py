@@ -48,3 +48,21 @@ def test_discard_drops_a_resident_tag(allocator, io, rng):
     filled(allocator, io, rng, "kv_cache")
     allocator.discard("kv_cache")
     assert tagmem.state("kv_cache") == "offloaded_discard"
+
+
+@pytest.mark.parametrize("release", ["1", "0"])
+def test_the_sleep_backend_gives_pinned_host_memory_back_when_vllm_asks(
+    allocator, io, rng, monkeypatch, release
+):
+    # vLLM's VLLM_SLEEP_MODE_RELEASE_HOST_MEMORY=1: after wake-up the backups' pinned host
+    # memory goes back to the OS instead of staying cached for the next sleep.
+    monkeypatch.setattr(vllm.CuMemAllocator, "instance", allocator)
+    monkeypatch.setenv("VLLM_SLEEP_MODE_RELEASE_HOST_MEMORY", release)
+    p, data = filled(allocator, io, rng, vllm.WEIGHTS)
+    backend = vllm.SleepBackend()
+    backend.suspend(level=1)
+    assert tagmem.stats()["host_pinned_bytes"] >= len(data)
+    backend.resume()
+    assert io.read(p, len(data)) == data and backend.state() == "RUNNING"
+    pinned = tagmem.stats()["host_pinned_bytes"]
+    assert pinned == 0 if release == "1" else pinned >= len(data)

@@ -181,6 +181,7 @@ def installed():
 
 
 BACKEND_NAME = "tagmem"
+RELEASE_HOST_VARIABLE = "VLLM_SLEEP_MODE_RELEASE_HOST_MEMORY"
 BACKEND_MODULE = "vllm.device_allocator.sleep_mode_backend"
 
 
@@ -202,8 +203,13 @@ class SleepBackend:
         self._state = "SUSPENDED"
 
     def resume(self, tags=None):
+        """Wakes `tags` (None: all). With VLLM_SLEEP_MODE_RELEASE_HOST_MEMORY=1, as vLLM's own
+        backend does, the pinned host memory the backups no longer use goes back to the OS
+        (tagmem.host_trim) instead of staying cached for the next sleep."""
         self._state = "RESUMING"
         CuMemAllocator.get_instance().wake_up(tags)
+        if os.environ.get(RELEASE_HOST_VARIABLE, "0").strip().lower() in ("1", "true"):
+            _api.host_trim(0)
         self._state = "RUNNING"
 
     def discard(self, tags):
