@@ -4,6 +4,11 @@ allocator in tagmem.compat.vllm over tagmem.tag on the emulated device.
 Runs on the emulated driver in CI and on the real one in gpu_run.sh (no PyTorch needed).
 """
 
+import json
+import os
+import subprocess
+import sys
+import textwrap
 import types
 
 import pytest
@@ -66,3 +71,42 @@ def test_the_sleep_backend_gives_pinned_host_memory_back_when_vllm_asks(
     assert io.read(p, len(data)) == data and backend.state() == "RUNNING"
     pinned = tagmem.stats()["host_pinned_bytes"]
     assert pinned == 0 if release == "1" else pinned >= len(data)
+
+
+def run_with_standin_vllm(code):
+    standins = os.path.join(os.path.dirname(os.path.abspath(__file__)), "standins")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([standins] + [p for p in sys.path if p]))
+    done = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_install_after_a_vllm_module_bound_the_allocator_by_name_rebinds_it():
+    # vLLM's vllm/v1/worker/gpu_worker.py does `from vllm.device_allocator.cumem import
+    # CuMemAllocator` at import; install() afterwards must reach that binding too.
+    child = run_with_standin_vllm(
+        """
+        import json, sys, types
+        import vllm.device_allocator as parent
+        class vllms:  # vLLM's class, in vLLM's module
+            instance = None
+        theirs = types.ModuleType("vllm.device_allocator.cumem")
+        theirs.CuMemAllocator = vllms
+        sys.modules[theirs.__name__] = parent.cumem = theirs
+        worker = types.ModuleType("vllm.gpu_worker_like")
+        worker.CuMemAllocator = vllms
+        sys.modules[worker.__name__] = worker
+        import tagmem.compat.vllm as tv
+        tv.install()
+        out = {"rebound": worker.CuMemAllocator is tv.CuMemAllocator}
+        vllms.instance = object()  # vLLM's allocator has handed out memory: refused
+        sys.modules[theirs.__name__] = parent.cumem = theirs
+        try:
+            tv.install()
+        except RuntimeError as e:
+            out["refused"] = "before vLLM builds its workers" in str(e)
+        print(json.dumps(out))
+        """
+    )
+    assert child == {"rebound": True, "refused": True}

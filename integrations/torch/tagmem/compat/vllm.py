@@ -159,9 +159,14 @@ def find_loaded_library(lib_name):
 
 def install():
     """Makes vLLM's ``vllm.device_allocator.cumem`` this module (see the module doc).
-    Idempotent; works whether or not vLLM is importable."""
+    Idempotent; works whether vLLM is imported before or after, or not at all: vLLM modules
+    that bound ``CuMemAllocator`` by name already are rebound to tagmem's (once vLLM's has
+    allocated, RuntimeError)."""
     me = sys.modules[__name__]
     with _install_lock:
+        replaced = sys.modules.get(MODULE)
+        if replaced is not None and replaced is not me:  # refuses before changing anything
+            _rebind(replaced)
         sys.modules[MODULE] = me
         parent = sys.modules.get("vllm.device_allocator")
         if parent is None:
@@ -173,6 +178,26 @@ def install():
             parent.cumem = me
             if hasattr(parent, "get_mem_allocator_instance"):
                 parent.get_mem_allocator_instance = get_mem_allocator_instance
+
+
+def _rebind(replaced):
+    """vLLM's modules that imported CuMemAllocator by name from module `replaced` before
+    install() (gpu_worker.py does at import) hold vLLM's class: they get tagmem's (`replaced`
+    itself, vLLM's definition, stays as it is). Memory vLLM's allocator has handed out already
+    cannot move into tagmem's tags, so that is refused, saying what to do."""
+    original = getattr(replaced, "CuMemAllocator", None)
+    if original is None or original is CuMemAllocator:
+        return
+    if getattr(original, "instance", None) is not None:
+        raise RuntimeError(
+            "tagmem.compat.vllm.install(): vLLM's CuMemAllocator has allocated memory already; "
+            "install tagmem's before vLLM builds its workers (the vllm.general_plugins entry "
+            "point does, with TAGMEM_AS_VLLM_CUMEM=1)"
+        )
+    for name, module in list(sys.modules.items()):
+        if (name == "vllm" or name.startswith("vllm.")) and module not in (None, replaced):
+            if getattr(module, "CuMemAllocator", None) is original:
+                module.CuMemAllocator = CuMemAllocator
 
 
 def installed():
