@@ -110,3 +110,22 @@ def test_install_after_a_vllm_module_bound_the_allocator_by_name_rebinds_it():
         """
     )
     assert child == {"rebound": True, "refused": True}
+
+
+def test_use_memory_pool_switches_expandable_segments_off_around_the_pool(allocator, monkeypatch):
+    # vLLM's CuMemAllocator.use_memory_pool does the same when PYTORCH_CUDA_ALLOC_CONF has
+    # expandable_segments:True: PyTorch would otherwise map the pool's memory itself.
+    settings = []
+    memory = types.SimpleNamespace(_set_allocator_settings=settings.append)
+    monkeypatch.setitem(sys.modules, "torch", types.SimpleNamespace(
+        cuda=types.SimpleNamespace(memory=memory)))
+    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF",
+                       "garbage_collection_threshold:0.6,expandable_segments:True")
+    with allocator.use_memory_pool("weights"):
+        assert settings == ["expandable_segments:False"]
+        tagmem.raw_alloc(4096)
+    assert settings == ["expandable_segments:False", "expandable_segments:True"]
+    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:False")
+    with allocator.use_memory_pool("weights"):
+        pass
+    assert len(settings) == 2

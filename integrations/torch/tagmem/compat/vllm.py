@@ -70,6 +70,29 @@ def _offload_split(keep, drop, d):
     _api.wait_released(d)  # as in vLLM, the memory is free for others once this returns
 
 
+_EXPANDABLE_ON = "expandable_segments:True"
+
+
+@contextlib.contextmanager
+def _expandable_segments_off():
+    """With expandable segments on (PYTORCH_CUDA_ALLOC_CONF), PyTorch's allocator would map the
+    pool's memory itself instead of asking tagmem; vLLM's use_memory_pool switches them off
+    around its pool and back on after, and so does this."""
+    conf = os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "") + "," + os.environ.get(
+        "PYTORCH_ALLOC_CONF", ""
+    )
+    if _EXPANDABLE_ON not in conf.replace(" ", ""):
+        yield
+        return
+    import torch
+
+    torch.cuda.memory._set_allocator_settings("expandable_segments:False")
+    try:
+        yield
+    finally:
+        torch.cuda.memory._set_allocator_settings(_EXPANDABLE_ON)
+
+
 class CuMemAllocator:
     """vLLM's CuMemAllocator over tagmem.torch (a process-wide singleton: get_instance())."""
 
@@ -99,7 +122,7 @@ class CuMemAllocator:
             self._tags.append(tag)
         previous, self.current_tag = self.current_tag, tag
         try:
-            with _tt().tag(tag):
+            with _expandable_segments_off(), _tt().tag(tag):
                 yield
         finally:
             self.current_tag = previous
