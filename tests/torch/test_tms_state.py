@@ -5,6 +5,7 @@ saver in the process (as torch_memory_saver keeps it with each allocation).
 Runs on the emulated driver in CI and on the real one in gpu_run.sh (no PyTorch needed).
 """
 
+import contextlib
 import json
 import os
 import subprocess
@@ -121,3 +122,24 @@ def test_reading_hook_mode_initialises_nothing_and_configuration_closes_after_fi
     if hasattr(saver, "_impl_ctor_kwargs"):  # what such a patch does: nothing now
         saver.hook_mode = "preload"
     assert saver.hook_mode == "torch"
+
+
+def test_capturing_a_graph_into_a_paused_tag_is_refused_before_the_capture(torch_free, monkeypatch):
+    # A paused tag's MemPool still lists its cached blocks: the capture would get unmapped memory.
+    entered = []
+    cuda = dropin._torch().cuda
+    cuda.current_device = lambda: 0
+    cuda.graph = lambda *a, **k: entered.append(a) or contextlib.nullcontext()
+    saver = dropin.TorchMemorySaver()
+    saver.hook_mode = "torch"
+    with saver.region(tag="graph"):
+        tagmem.raw_alloc(1 << 20)
+    saver.pause("graph")
+    with pytest.raises(tagmem.TagOffloadedError, match="resume"):
+        with saver.cuda_graph(object(), pool=1, tag="graph"):
+            pass
+    assert entered == []
+    saver.resume("graph")
+    with saver.cuda_graph(object(), pool=1, tag="graph"):
+        pass
+    assert len(entered) == 1

@@ -272,6 +272,14 @@ class _Impl:
 
     @contextlib.contextmanager
     def cuda_graph(self, cuda_graph, pool, stream, capture_error_mode, tag, enable_cpu_backup):
+        # A paused tag's pool still lists its cached blocks: a capture would be handed memory
+        # that is not mapped, and any new segment would fail inside PyTorch's capture. Refused
+        # before the capture starts, with what to do.
+        device = _torch().cuda.current_device()
+        if _api.exists(tag, device) and _api.state(tag, device) != "resident":
+            raise _errors.error_for(
+                3, f"torch_memory_saver.cuda_graph: tag '{tag}' is paused; resume('{tag}') first"
+            )
         self._note(tag, enable_cpu_backup)
         if self.hook_mode == "preload":
             with _torch().cuda.graph(
