@@ -6,9 +6,9 @@
 #include <mutex>
 
 #include "driver/driver.hpp"
-#include "tags/external_tag.hpp"
 #include "observe/log.hpp"
 #include "offload/offload_engine.hpp"
+#include "tags/external_tag.hpp"
 
 namespace tagmem {
 
@@ -87,11 +87,15 @@ std::size_t registry::planned_backup_bytes() {
   return planned;
 }
 
-host_store& registry::store() {
-  device& d0 = dev(0);
+host_store& registry::store(int ordinal) {
+  if (host_store* existing = existing_store()) return *existing;
+  // Note [the host store's context]: pinned slabs are PORTABLE, so any context will do to pin
+  // them; the store takes that of the device that first needs it (else the current one), never
+  // device 0 by default: a rank that uses only GPU k must not hold a context on GPU 0.
+  device& d = dev(ordinal == TAGMEM_CURRENT_DEVICE ? resolve_device(ordinal) : ordinal);
   std::lock_guard lock(devices_mutex_);
   if (!store_) {
-    store_ = std::make_unique<host_store>(cfg_.host_slab_bytes, d0.context(), cfg_.host_max_bytes);
+    store_ = std::make_unique<host_store>(cfg_.host_slab_bytes, d.context(), cfg_.host_max_bytes);
   }
   return *store_;
 }
@@ -216,7 +220,7 @@ void registry::offload(const char* const* names, std::size_t count, int ordinal,
                  "offload mode must be TAGMEM_BACKUP or TAGMEM_DISCARD");
   meta_vector<tag*> list = lookup_unique(names, count, ordinal, "tagmem_offload");
   if (list.empty()) return;
-  host_store& hs = store();
+  host_store& hs = store(ordinal);
   multi_lock lock(list);
   for (tag* t : list) {
     TAGMEM_EXPECTS(!t->offloaded() || t->partial(), TAGMEM_ERROR_TAG_OFFLOADED,
@@ -228,7 +232,7 @@ void registry::offload(const char* const* names, std::size_t count, int ordinal,
 void registry::reload(const char* const* names, std::size_t count, int ordinal) {
   meta_vector<tag*> list = lookup_unique(names, count, ordinal, "tagmem_reload");
   if (list.empty()) return;
-  host_store& hs = store();
+  host_store& hs = store(ordinal);
   multi_lock lock(list);
   for (tag* t : list) {
     TAGMEM_EXPECTS(t->offloaded(), TAGMEM_ERROR_TAG_RESIDENT,
@@ -250,7 +254,7 @@ void registry::swap(const char* const* out_names, std::size_t out_count,
                    std::string("tag '") + t->name() + "' is in both lists");
   }
   if (outs.empty() && ins.empty()) return;
-  host_store& hs = store();
+  host_store& hs = store(ordinal);
   meta_vector<tag*> all(outs);
   all.insert(all.end(), ins.begin(), ins.end());
   multi_lock lock(std::move(all));

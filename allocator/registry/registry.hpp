@@ -12,10 +12,10 @@
 #include <memory>
 #include <shared_mutex>
 
-#include "host/background_pinning.hpp"
-#include "options/config.hpp"
 #include "device/device.hpp"
+#include "host/background_pinning.hpp"
 #include "host/host_store.hpp"
+#include "options/config.hpp"
 #include "tags/tag.hpp"
 
 namespace tagmem {
@@ -26,7 +26,9 @@ class registry {
   ~registry();                           // releases everything
 
   const config& settings() const noexcept { return cfg_; }
-  host_store& store();                    // created on first use
+  // Created on first use, with the context of device `ordinal` (TAGMEM_CURRENT_DEVICE: the
+  // current one): Note [the host store's context].
+  host_store& store(int ordinal = TAGMEM_CURRENT_DEVICE);
   host_store* existing_store() noexcept;  // nullptr before that
   int device_count() const noexcept { return device_count_; }
 
