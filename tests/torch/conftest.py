@@ -32,6 +32,12 @@ REPO_ROOT = _REPO
 _SEED = int(os.environ.get("TAGMEM_TEST_SEED", random.SystemRandom().randrange(1 << 32)))
 
 
+def loaded_libc():
+    """The path of the libc this process has mapped: a real library that is not tagmem."""
+    with open("/proc/self/maps") as maps:
+        return next(line.split()[-1] for line in maps if "/libc.so" in line or "/libc-" in line)
+
+
 def pytest_report_header(config):
     return f"tagmem: TAGMEM_TEST_SEED={_SEED} library={tagmem.library_origin()}"
 

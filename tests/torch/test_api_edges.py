@@ -11,6 +11,7 @@ import sys
 import pytest
 
 import tagmem
+from conftest import loaded_libc
 
 
 @pytest.mark.parametrize("bad", [1 << 64, -1, 1.9, True, "4096"])
@@ -37,15 +38,10 @@ def test_a_tag_named_all_keeps_its_own_statistics_beside_the_totals(rng):
     assert out["requested_bytes.all.current"] == sum(sizes.values())
 
 
-def _loaded_libc():
-    with open("/proc/self/maps") as maps:
-        return next(line.split()[-1] for line in maps if "/libc.so" in line or "/libc-" in line)
-
-
 def test_a_library_without_tagmems_symbols_is_library_not_found():
     # TAGMEM_LIBRARY naming another library (here libc): an error that says which symbols are
     # missing, from the API and from `python -m tagmem config` alike, never an AttributeError.
-    env = dict(os.environ, TAGMEM_LIBRARY=_loaded_libc(), PYTHONPATH=os.pathsep.join(sys.path))
+    env = dict(os.environ, TAGMEM_LIBRARY=loaded_libc(), PYTHONPATH=os.pathsep.join(sys.path))
     code = ("import tagmem\ntry:\n    tagmem.tags()\nexcept tagmem.LibraryNotFound as e:\n"
             "    print('LibraryNotFound', e)")
     run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)

@@ -18,6 +18,7 @@ import textwrap
 import pytest
 
 import tagmem
+from conftest import loaded_libc
 from tagmem import _preload
 from tagmem.compat import _tms_env
 
@@ -50,12 +51,6 @@ def get_binary_path_from_package(stem):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module.get_binary_path_from_package(stem)
-
-
-def loaded_libc():
-    """A library this process has mapped (libc), to stand for another LD_PRELOAD entry."""
-    with open("/proc/self/maps") as maps:
-        return next(line.split()[-1] for line in maps if "/libc.so" in line or "/libc-" in line)
 
 
 def run_child(env_changes, cwd):
