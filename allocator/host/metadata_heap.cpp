@@ -12,6 +12,19 @@
 // private heap on first use; blocks may be freed from any thread. At thread exit the heap is
 // deleted, which hands its live blocks to that thread's default mimalloc heap (still mimalloc).
 //
+// Note [heap at thread exit]: a thread's destructors may call tagmem after its heap is gone: a
+// C++ thread_local constructed before the thread's first tagmem call is destroyed after the heap's
+// own thread_local, and pthread key destructors run after every thread_local one. Such calls, and
+// any call of a thread whose heap cannot be deleted in time, take their records from malloc
+// (the header says so, Note [block origin]). The heap is deleted by whichever comes first of a
+// thread_local destructor and a pthread key destructor; the key is what catches a heap made by a
+// thread's first call from inside a key destructor, where a new thread_local's destructor is
+// never run. That key is created before libmimalloc is loaded, so in every round of key
+// destructors ours runs before mimalloc's own thread cleanup, which deletes every heap of the
+// thread: a heap is never used, or deleted again, after mimalloc has deleted it. Where
+// libmimalloc was in the process before tagmem, its key is older than ours and that order cannot
+// be had, so records go to malloc (which is then most likely mimalloc's own, preloaded).
+//
 // Note [block origin]: the allocator may change between a block's allocation and its free
 // (shutdown, then init with another TAGMEM_METADATA), so each block says who made it, in a
 // header in front of it. Asking mimalloc instead (mi_is_in_heap_region) is wrong for blocks
@@ -21,6 +34,7 @@
 #include "host/metadata_heap.hpp"
 
 #include <dlfcn.h>
+#include <pthread.h>
 
 #include <atomic>
 #include <cstdint>
@@ -53,8 +67,28 @@ static_assert(sizeof(block_header) == 16);
 std::once_flag g_load_once;
 mimalloc_api g_mi;                        // all set, or all null
 std::atomic<bool> g_use_mimalloc{false};  // what meta_malloc uses now
+pthread_key_t g_heap_key;                 // its destructor deletes the thread's heap
+
+// What a thread has of its heap. Trivially destructible, so it stays readable through every
+// destructor of the thread (Note [heap at thread exit]).
+struct thread_heap_state {
+  mi_heap* heap = nullptr;
+  bool gone = false;  // deleted: this thread's records go to malloc from now on
+};
+constinit thread_local thread_heap_state t_heap;
+
+void retire_heap() noexcept {
+  if (t_heap.heap) g_mi.heap_delete(t_heap.heap);
+  t_heap.heap = nullptr;
+  t_heap.gone = true;
+}
+
+void retire_heap_at_key_exit(void*) { retire_heap(); }
 
 void load_mimalloc() {
+  // Our key before libmimalloc's own (Note [heap at thread exit]).
+  if (dlopen(option_text(option::MIMALLOC_LIBRARY), RTLD_NOW | RTLD_LOCAL | RTLD_NOLOAD)) return;
+  if (pthread_key_create(&g_heap_key, retire_heap_at_key_exit) != 0) return;
   void* h = dlopen(option_text(option::MIMALLOC_LIBRARY), RTLD_NOW | RTLD_LOCAL);
   if (!h) return;
   mimalloc_api m;
@@ -87,17 +121,23 @@ bool mimalloc_loaded() {
   return g_mi.heap_new != nullptr;
 }
 
-struct thread_heap {
-  mi_heap* heap = nullptr;
-  ~thread_heap() {
-    if (heap) g_mi.heap_delete(heap);
-  }
+struct heap_retirer {
+  ~heap_retirer() { retire_heap(); }
 };
 
+// Null where this thread's records go to malloc (its heap is gone, or may not be made now).
 mi_heap* my_heap() {
-  thread_local thread_heap h;
-  if (!h.heap) h.heap = g_mi.heap_new();
-  return h.heap;
+  if (t_heap.heap || t_heap.gone) return t_heap.heap;
+  mi_heap* heap = g_mi.heap_new();
+  if (!heap) return nullptr;
+  if (pthread_setspecific(g_heap_key, heap) != 0) {
+    g_mi.heap_delete(heap);
+    return nullptr;
+  }
+  t_heap.heap = heap;
+  thread_local heap_retirer retirer;  // deletes it at the thread's thread_local destructors
+  (void)retirer;
+  return heap;
 }
 
 }  // namespace
@@ -115,14 +155,9 @@ metadata_allocator current_metadata_allocator() noexcept {
 void* meta_malloc(std::size_t bytes) {
   if (bytes > SIZE_MAX - sizeof(block_header)) throw std::bad_alloc();
   const std::size_t total = bytes + sizeof(block_header);
-  const bool mi = g_use_mimalloc.load(std::memory_order_relaxed);
-  void* p = nullptr;
-  if (mi) {
-    mi_heap* heap = my_heap();
-    p = heap ? g_mi.heap_malloc(heap, total) : nullptr;
-  } else {
-    p = std::malloc(total);
-  }
+  mi_heap* heap = g_use_mimalloc.load(std::memory_order_relaxed) ? my_heap() : nullptr;
+  const bool mi = heap != nullptr;  // else malloc (Note [heap at thread exit])
+  void* p = mi ? g_mi.heap_malloc(heap, total) : std::malloc(total);
   if (!p) throw std::bad_alloc();
   auto* h = new (p) block_header{mi};
   return h + 1;
