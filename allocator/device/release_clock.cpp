@@ -1,18 +1,19 @@
 // release_clock.cpp — see Note [release aftermath] in release_clock.hpp.
 #include "device/release_clock.hpp"
 
-#include <fcntl.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <cstring>
+#include <mutex>
+#include <optional>
 #include <string>
 
+#include "device/clock_page.hpp"
 #include "driver/driver.hpp"
+#include "observe/log.hpp"
 #include "options/options.hpp"
 
 namespace tagmem::release_clock {
@@ -25,23 +26,18 @@ std::int64_t now_ns() noexcept {
       .count();
 }
 
-// The end of the time owed, in a page of /dev/shm that every process of this user maps (so that
-// a trainer sees the release its engine process just made), or in this process alone where that
-// page cannot be had or the driver is an emulated one. The file is the user's own (0600, checked
-// after opening), so another user can neither read nor move it.
-std::int64_t* open_shared() noexcept {
-  const std::string path = "/dev/shm/tagmem-release-clock-" + std::to_string(geteuid());
-  const int fd = open(path.c_str(), O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
-  if (fd < 0) return nullptr;
-  struct stat st {};
-  void* p = MAP_FAILED;
-  if (fstat(fd, &st) == 0 && st.st_uid == geteuid() && S_ISREG(st.st_mode) &&
-      (st.st_size >= std::int64_t(sizeof(std::int64_t)) ||
-       ftruncate(fd, sizeof(std::int64_t)) == 0)) {
-    p = mmap(nullptr, sizeof(std::int64_t), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  }
-  close(fd);
-  return p == MAP_FAILED ? nullptr : static_cast<std::int64_t*>(p);
+// The end of the time owed, in a page of /dev/shm that every process of this user shares (so
+// that a trainer sees the release its engine process just made), or in this process alone where
+// that page is refused (Note [clock page]) or the driver is an emulated one.
+struct clock_state {
+  std::mutex mu;  // read, add, write back: one at a time in this process
+  std::optional<clock_page> page;
+  std::int64_t local = 0;  // where there is no page
+};
+
+clock_state& state() noexcept {
+  static clock_state s;
+  return s;
 }
 
 // Whether the devices are the machine's: an emulated driver's devices belong to its process.
@@ -52,10 +48,46 @@ bool real_driver() noexcept {
   return std::strncmp(name ? name + 1 : lib, "libcuda.so", 10) == 0;
 }
 
-std::atomic_ref<std::int64_t> until_ns() noexcept {
-  static std::int64_t local = 0;
-  static std::int64_t* const shared = real_driver() ? open_shared() : nullptr;
-  return std::atomic_ref<std::int64_t>(shared ? *shared : local);
+// The page at `path` for `s` (none where it is refused, said once per refusal). Holds s.mu.
+bool attach(clock_state& s, const std::string& path) noexcept {
+  std::string why;
+  s.page = clock_page::open(path, why);
+  if (!s.page) log_line("release clock not shared: " + path + ": " + why);
+  return s.page.has_value();
+}
+
+clock_state& shared_state() noexcept {
+  static clock_state& s = []() -> clock_state& {
+    clock_state& st = state();
+    if (real_driver()) {
+      std::lock_guard<std::mutex> lock(st.mu);
+      attach(st, "/dev/shm/tagmem-release-clock-" + std::to_string(geteuid()));
+    }
+    return st;
+  }();
+  return s;
+}
+
+std::int64_t saturating_add(std::int64_t a, std::int64_t b) noexcept {
+  std::int64_t out = 0;
+  if (!__builtin_add_overflow(a, b, &out)) return out;
+  return b > 0 ? INT64_MAX : INT64_MIN;
+}
+
+// The end of the time owed as stored, clamped to [0, now + longest]: another process, or a torn
+// read, may have left any value there. Holds s.mu.
+std::int64_t load_until(const clock_state& s, std::int64_t now) noexcept {
+  std::int64_t v = s.local;
+  if (s.page) v = s.page->read().value_or(0);
+  const std::int64_t cap = saturating_add(now, std::chrono::nanoseconds(longest).count());
+  return std::clamp<std::int64_t>(v, 0, cap);
+}
+
+void store_until(clock_state& s, std::int64_t v) noexcept {
+  if (s.page)
+    s.page->write(v);
+  else
+    s.local = v;
 }
 
 std::atomic<std::uint64_t> noted{0};  // bytes_noted()
@@ -76,24 +108,36 @@ void note(std::size_t bytes) noexcept {
       static_cast<std::int64_t>(bytes >> 20) * nanoseconds(time_per_gib).count() / 1024;
   if (owed <= 0) return;
   const std::int64_t now = now_ns();
-  const std::int64_t cap = now + nanoseconds(longest).count();
-  auto until = until_ns();
-  std::int64_t seen = until.load(std::memory_order_relaxed);
-  std::int64_t next;
-  do {
-    next = std::min(std::max(seen, now) + owed, cap);
-  } while (!until.compare_exchange_weak(seen, next, std::memory_order_relaxed));
+  const std::int64_t cap = saturating_add(now, nanoseconds(longest).count());
+  clock_state& s = shared_state();
+  std::lock_guard<std::mutex> lock(s.mu);
+  // Two processes adding at one instant may count one release, not both: the clock is a hint.
+  store_until(s, std::min(saturating_add(std::max(load_until(s, now), now), owed), cap));
 }
 
 std::chrono::nanoseconds owed() noexcept {
-  return std::chrono::nanoseconds(
-      std::max<std::int64_t>(0, until_ns().load(std::memory_order_relaxed) - now_ns()));
+  const std::int64_t now = now_ns();
+  clock_state& s = shared_state();
+  std::lock_guard<std::mutex> lock(s.mu);
+  return std::chrono::nanoseconds(std::max<std::int64_t>(0, load_until(s, now) - now));
 }
 
 bool after_release() noexcept { return owed() > least; }
 
 std::uint64_t bytes_noted() noexcept { return noted.load(std::memory_order_relaxed); }
 
-void reset() noexcept { until_ns().store(0, std::memory_order_relaxed); }
+void reset() noexcept {
+  clock_state& s = shared_state();
+  std::lock_guard<std::mutex> lock(s.mu);
+  store_until(s, 0);
+}
+
+bool share_through(const std::string& path) noexcept {
+  clock_state& s = shared_state();
+  std::lock_guard<std::mutex> lock(s.mu);
+  s.page.reset();
+  if (path.empty()) return false;
+  return attach(s, path);
+}
 
 }  // namespace tagmem::release_clock

@@ -10,7 +10,8 @@
 // The figures behind the constants are the RL cycle's (docs/performance.md): a reload right after
 // 60 GiB went back gains from the kernel over its whole length, one right after a 16 GiB offload
 // does not gain at all. The clock is shared by the user's processes on the real driver (a page in
-// /dev/shm; this process's own where that cannot be had, or with an emulated driver), since
+// /dev/shm, Note [clock page]; this process's own where that is refused, or with an emulated
+// driver), since
 // colocated RL runs the trainer and the engine as separate processes on one GPU; and it is one
 // for all devices: a release on one device also counts for another, which at worst sends a copy
 // to the kernel that the copy engines would have done as fast.
@@ -21,6 +22,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 namespace tagmem::release_clock {
 
@@ -44,5 +46,9 @@ bool after_release() noexcept;
 std::uint64_t bytes_noted() noexcept;
 // Forgets every release, this user's other processes' too (for tests).
 void reset() noexcept;
+// Shares the clock through the page at `path` from now on, or keeps it in this process where
+// `path` is empty or refused (false then). The real driver's processes share /dev/shm's page
+// without asking; tests point it elsewhere.
+bool share_through(const std::string& path) noexcept;
 
 }  // namespace tagmem::release_clock
