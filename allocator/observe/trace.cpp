@@ -1,6 +1,8 @@
 // trace.cpp — the trace buffer, its JSON and NVTX ranges (see trace.hpp).
 #include "observe/trace.hpp"
 
+#include <fcntl.h>
+#include <stdlib.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -139,10 +141,21 @@ void flush() {
   state& s = st();
   std::lock_guard lock(s.mutex);
   if (s.path.empty()) return;
-  const std::string tmp = s.path + ".tmp" + std::to_string(getpid());
-  std::FILE* f = std::fopen(tmp.c_str(), "w");
-  TAGMEM_EXPECTS(f, TAGMEM_ERROR_INVALID_ARGUMENT,
-                 "TAGMEM_TRACE: cannot write '" + tmp + "' (the trace's temporary file)");
+  // Note [trace file]: the trace often goes to a shared directory (/tmp), where a name chosen
+  // in advance may already be another user's symlink or file. The temporary file gets a name
+  // nobody can guess and is created exclusively (mkostemp: O_CREAT|O_EXCL, mode 0600), then
+  // renamed over the path, which replaces a symlink there rather than following it.
+  std::string tmp = s.path + ".XXXXXX";
+  const int fd = mkostemp(tmp.data(), O_CLOEXEC);
+  std::FILE* f = fd >= 0 ? fdopen(fd, "w") : nullptr;
+  if (!f) {
+    if (fd >= 0) {
+      ::close(fd);
+      std::remove(tmp.c_str());
+    }
+    fail(TAGMEM_ERROR_INVALID_ARGUMENT,
+         "TAGMEM_TRACE: cannot write '" + tmp + "' (the trace's temporary file)");
+  }
   std::fputs("{\"displayTimeUnit\":\"ms\",\"otherData\":{\"dropped_events\":", f);
   std::fprintf(f, "%zu},\n\"traceEvents\":[\n", s.dropped);
   for (std::size_t i = 0; i < s.events.size(); ++i) {

@@ -2,6 +2,10 @@
 // and carries the bytes, free memory and pinned host bytes that the statistics show right after
 // the switch; a reload that runs out of device memory says which tag, how much, what is free,
 // what is resident, and that the tag keeps its backup.
+#include <dirent.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <cstdio>
 #include <fstream>
 #include <iterator>
@@ -271,6 +275,48 @@ TEST_F(Observe, TraceFlushWritesTheSwitchesSoFarAndReportsAnUnwritablePath) {
   EXPECT_EQ(corrupted(b), 0u);
   for (auto& x : b) TAGMEM_OK(tagmem_free(x.ptr, nullptr));
   ASSERT_EQ(tagmem_shutdown(), TAGMEM_SUCCESS);  // the unwritable trace does not fail shutdown
+}
+
+// Symlinks planted where the trace and a predictable temporary file would go (another user's, in
+// /tmp) are replaced or ignored, never followed: the file they point to keeps its bytes, the
+// trace is a regular file of mode 0600, and no temporary file is left beside it.
+TEST_F(Observe, TraceFlushNeverFollowsAPlantedSymlink) {
+  auto rng = rng_for_test();
+  const std::string dir = ::testing::TempDir() + "tagmem_trace_" + std::to_string(rng());
+  ASSERT_EQ(mkdir(dir.c_str(), 0700), 0);
+  const std::string path = dir + "/tagmem.json", victim = dir + "/victim";
+  const std::vector<unsigned char> before = random_bytes(rng, 4096);
+  {
+    std::ofstream out(victim, std::ios::binary);
+    out.write(reinterpret_cast<const char*>(before.data()), before.size());
+  }
+  // The names a trace's temporary file could be given without a random part, and the path.
+  for (const std::string& name : {path + ".tmp" + std::to_string(getpid()), path + ".tmp", path})
+    ASSERT_EQ(symlink(victim.c_str(), name.c_str()), 0) << name;
+  ASSERT_EQ(tagmem_shutdown(), TAGMEM_SUCCESS);
+  scoped_env trace("TAGMEM_TRACE", path.c_str());
+  ASSERT_EQ(tagmem_init(nullptr), TAGMEM_SUCCESS) << tagmem_last_error();
+  TAGMEM_OK(tagmem_trace_flush());
+  TAGMEM_OK(tagmem_trace_flush());  // again, over the trace it wrote
+  std::ifstream in(victim, std::ios::binary);
+  const std::vector<unsigned char> after((std::istreambuf_iterator<char>(in)),
+                                         std::istreambuf_iterator<char>());
+  EXPECT_EQ(after, before);
+  struct stat st {};
+  ASSERT_EQ(lstat(path.c_str(), &st), 0);
+  EXPECT_TRUE(S_ISREG(st.st_mode));
+  EXPECT_EQ(st.st_mode & 07777, 0600u);
+  std::ifstream t(path);
+  const std::string text((std::istreambuf_iterator<char>(t)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(text.rfind("{\"displayTimeUnit\"", 0), 0u);
+  int entries = 0;  // victim, the trace and the two planted temporary names
+  if (DIR* d = opendir(dir.c_str())) {
+    while (dirent* e = readdir(d)) entries += e->d_name[0] != '.';
+    closedir(d);
+  }
+  EXPECT_EQ(entries, 4);
+  ASSERT_EQ(tagmem_shutdown(), TAGMEM_SUCCESS);
+  std::system(("rm -rf '" + dir + "'").c_str());
 }
 
 }  // namespace
