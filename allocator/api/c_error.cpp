@@ -2,6 +2,7 @@
 // (Note [C boundary] in c_error.hpp).
 #include "api/c_error.hpp"
 
+#include <cstdio>
 #include <exception>
 #include <new>
 
@@ -11,13 +12,29 @@
 namespace tagmem {
 namespace {
 
-thread_local std::string t_last_error;
+// The message lives in a std::string while the thread runs; once that thread_local is destroyed
+// (a thread's exit destructors may still call tagmem: Note [heap at thread exit] in
+// metadata_heap.cpp) in a fixed buffer, which has no destructor. (A thread whose first message
+// comes from a pthread key destructor leaves that string's memory behind: a thread_local made
+// then is never destroyed.)
+constinit thread_local bool t_text_gone = false;
+constinit thread_local char t_exit_text[512] = {};
+
+struct last_error {
+  std::string text;
+  ~last_error() { t_text_gone = true; }
+};
+thread_local last_error t_last_error;
 
 }  // namespace
 
 tagmem_status record_c_error(tagmem_status code, const char* message) noexcept {
+  if (t_text_gone) {
+    std::snprintf(t_exit_text, sizeof t_exit_text, "%s", message);
+    return code;
+  }
   try {
-    t_last_error = message;
+    t_last_error.text = message;
   } catch (...) {
   }
   return code;
@@ -27,7 +44,9 @@ tagmem_status record_c_error(tagmem_status code, const std::string& message) noe
   return record_c_error(code, message.c_str());
 }
 
-const char* last_c_error() noexcept { return t_last_error.c_str(); }
+const char* last_c_error() noexcept {
+  return t_text_gone ? t_exit_text : t_last_error.text.c_str();
+}
 
 tagmem_status record_current_exception() noexcept {
   try {

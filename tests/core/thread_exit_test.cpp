@@ -140,5 +140,45 @@ TEST_F(ThreadExit, KeyDestructorIsTheThreadsFirstCall) {
   run_key_case(rng, false, 3);
 }
 
+// The thread's tag scope and last error are thread_locals too, destroyed before a thread_local
+// made before them: a destructor after them still allocates (in the default tag: the scope
+// is gone with its thread), gets SCOPE_EMPTY from a pop, and reads a failure's message.
+struct scope_and_error_user {
+  std::atomic<int>* failures;
+  std::string* tag_seen;
+  std::string* message_seen;
+  ~scope_and_error_user() {
+    void* p = nullptr;
+    if (tagmem_malloc(&p, 4096, 0, nullptr) != TAGMEM_SUCCESS) ++*failures;
+    char tag[TAGMEM_MAX_TAG_NAME + 1] = {};
+    if (tagmem_pointer_info(p, tag, sizeof tag, nullptr, nullptr, nullptr) != TAGMEM_SUCCESS)
+      ++*failures;
+    *tag_seen = tag;
+    if (tagmem_free(p, nullptr) != TAGMEM_SUCCESS) ++*failures;
+    if (tagmem_pop_tag() != TAGMEM_ERROR_SCOPE_EMPTY) ++*failures;
+    int on_stack = 0;
+    if (tagmem_free(&on_stack, nullptr) == TAGMEM_SUCCESS) ++*failures;
+    *message_seen = tagmem_last_error();
+  }
+};
+
+TEST_F(ThreadExit, ScopeAndLastErrorWorkAfterTheirThreadLocalsAreGone) {
+  std::atomic<int> failures{0};
+  std::string tag_seen, message_seen;
+  std::thread t([&] {
+    thread_local scope_and_error_user user{&failures, &tag_seen, &message_seen};
+    (void)user;
+    TAGMEM_OK(tagmem_push_tag("scoped-at-exit"));
+    TAGMEM_OK(tagmem_push_tag("scoped-at-exit-with-a-name-longer-than-a-short-string"));
+    int on_stack = 0;  // an error during the thread's life, with a message of some length
+    EXPECT_NE(tagmem_free(&on_stack, nullptr), TAGMEM_SUCCESS);
+    EXPECT_GT(std::string(tagmem_last_error()).size(), 16u);
+  });
+  t.join();
+  EXPECT_EQ(failures.load(), 0);
+  EXPECT_EQ(tag_seen, TAGMEM_DEFAULT_TAG);
+  EXPECT_NE(message_seen.find("not"), std::string::npos) << message_seen;
+}
+
 }  // namespace
 }  // namespace tagmem::test
