@@ -1,7 +1,10 @@
 // fault_cycle.cpp — the steps of the cycle, their completion and the byte checks (see header).
 #include "fault_cycle.hpp"
 
+#include <pthread.h>
+
 #include <cstring>
+#include <thread>
 #include <utility>
 
 namespace tagmem::reliability {
@@ -18,6 +21,43 @@ std::string list(const std::vector<const char*>& tags) {
   std::string out = "{";
   for (std::size_t i = 0; i < tags.size(); ++i) out += (i ? "," : "") + std::string(tags[i]);
   return out + "}";
+}
+
+// tagmem_free(ptr) from a pthread key destructor of a new thread; `call_first`: the thread calls
+// tagmem (a tag scope) during its life, so its metadata heap is live until it exits. The status of
+// the first call that failed, and its message in `message`.
+tagmem_status free_at_thread_exit(void* ptr, bool call_first, std::string& message) {
+  struct job {
+    void* ptr;
+    tagmem_status status = TAGMEM_SUCCESS;
+    std::string message;
+    void failed(tagmem_status s) {
+      status = s;
+      message = tagmem_last_error();
+    }
+  };
+  static pthread_key_t key;
+  static const bool made = pthread_key_create(&key, [](void* v) {
+                             job* j = static_cast<job*>(v);
+                             const tagmem_status s = tagmem_free(j->ptr, nullptr);
+                             if (s != TAGMEM_SUCCESS) j->failed(s);
+                           }) == 0;
+  if (!made) {
+    message = "pthread_key_create failed";
+    return TAGMEM_ERROR_INTERNAL;
+  }
+  job j{ptr};
+  std::thread t([&] {
+    if (call_first) {
+      tagmem_status s = tagmem_push_tag("exit-scope");
+      if (s == TAGMEM_SUCCESS) s = tagmem_pop_tag();
+      if (s != TAGMEM_SUCCESS) return j.failed(s);
+    }
+    pthread_setspecific(key, &j);
+  });
+  t.join();
+  message = j.message;
+  return j.status;
 }
 
 }  // namespace
@@ -50,7 +90,10 @@ fault_cycle::fault_cycle(std::uint64_t seed) : rng_(seed) {
   add(kind::reload, 0, {}, {"kv"}, {});
   add(kind::empty_cache, 0, {}, {}, {});
   for (std::size_t i = 0; i < allocations_.size(); ++i) {
-    if (i != 4) add(kind::free, i, {}, {}, {});
+    const kind how = i == 1   ? kind::free_in_exit
+                     : i == 6 ? kind::free_as_exit_first_call
+                              : kind::free;
+    if (i != 4) add(how, i, {}, {}, {});
   }
   add(kind::empty_cache, 0, {}, {}, {});
 }
@@ -63,6 +106,12 @@ std::string fault_cycle::describe(std::size_t i) const {
              allocations_[s.index].tag;
     case kind::free:
       return "free allocation " + std::to_string(s.index);
+    case kind::free_in_exit:
+      return "free allocation " + std::to_string(s.index) +
+             " at the exit of a thread that used tagmem";
+    case kind::free_as_exit_first_call:
+      return "free allocation " + std::to_string(s.index) +
+             " as a thread's first call, at its exit";
     case kind::offload:
       return "offload " + list(s.out) + (s.mode == TAGMEM_BACKUP ? " BACKUP" : " DISCARD");
     case kind::reload:
@@ -112,6 +161,10 @@ tagmem_status fault_cycle::run(std::size_t i) {
   return st;
 }
 
+std::string fault_cycle::last_error() const {
+  return exit_error_.empty() ? tagmem_last_error() : exit_error_;
+}
+
 tagmem_status fault_cycle::run_call(std::size_t i) {
   const step& s = steps_[i];
   switch (s.what) {
@@ -121,9 +174,15 @@ tagmem_status fault_cycle::run_call(std::size_t i) {
       if (st == TAGMEM_SUCCESS) fill(a);
       return st;
     }
-    case kind::free: {
+    case kind::free:
+    case kind::free_in_exit:
+    case kind::free_as_exit_first_call: {
       allocation& a = allocations_[s.index];
-      tagmem_status st = tagmem_free(a.ptr, nullptr);
+      exit_error_.clear();
+      tagmem_status st =
+          s.what == kind::free
+              ? tagmem_free(a.ptr, nullptr)
+              : free_at_thread_exit(a.ptr, s.what == kind::free_in_exit, exit_error_);
       a.freed = st == TAGMEM_SUCCESS;
       return st;
     }
@@ -165,6 +224,8 @@ std::string fault_cycle::complete(std::size_t i) {
   switch (s.what) {
     case kind::allocate:
     case kind::free:
+    case kind::free_in_exit:
+    case kind::free_as_exit_first_call:
       if (allocations_[s.index].ptr && (s.what == kind::allocate || allocations_[s.index].freed)) {
         return "";
       }

@@ -100,6 +100,9 @@ std::vector<std::uint64_t> call_counts() {
   return out;
 }
 
+// The message of the failed step (fault_cycle::last_error()), for check_failure().
+std::string g_last_error;
+
 class FaultSweep : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
@@ -167,7 +170,8 @@ class FaultSweep : public ::testing::Test {
       const tagmem_status s = cycle.run(i);
       r.fired = nth && emu().call_count(entry) - calls_before >= nth;
       if (s != TAGMEM_SUCCESS) {
-        r.failure = cycle.describe(i) + ": " + tagmem_last_error();
+        r.failure = cycle.describe(i) + ": " + cycle.last_error();
+        g_last_error = cycle.last_error();
         check_failure(s, entry, error, r.fired && !fired_before, cycle.describe(i), problem);
         break;
       }
@@ -202,7 +206,7 @@ class FaultSweep : public ::testing::Test {
       if (auto bad = cycle.check_bytes(); !bad.empty()) problem("after the retry: " + bad);
       for (++i; i < steps && r.problem.empty(); ++i) {
         if (cycle.run(i) != TAGMEM_SUCCESS) {
-          problem("after the retry, " + cycle.describe(i) + " failed: " + tagmem_last_error());
+          problem("after the retry, " + cycle.describe(i) + " failed: " + cycle.last_error());
         }
         cycle.settle();
         if (auto bad = cycle.check_bytes(); !bad.empty()) {
@@ -254,7 +258,7 @@ class FaultSweep : public ::testing::Test {
   template <class P>
   void check_failure(tagmem_status s, const char* entry, CUresult error, bool fired_here,
                      const std::string& step, P& problem) {
-    const std::string message = tagmem_last_error();
+    const std::string message = g_last_error;
     if (!fired_here) {
       problem(step + " failed without an injected fault: " + tagmem_status_string(s) + ": " +
               message);
