@@ -109,6 +109,9 @@ inline checked_option check_option(const option_spec& s, std::string_view text) 
       }
       if (p.bytes < s.low || p.bytes > s.high || (s.multiple && p.bytes % s.multiple)) {
         out.message = range([](std::uint64_t v) { return format_size(v); });
+        if (p.bytes == 0 && !*s.default_text) {
+          out.message += " (leave it unset for " + std::string(s.shown_unset) + ")";
+        }
         return out;
       }
       out.number = p.bytes;

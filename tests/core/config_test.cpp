@@ -150,5 +150,14 @@ TEST_F(Config, GoodValuesAreTakenAsGiven) {
   TAGMEM_OK(tagmem_free(p, nullptr));
 }
 
+// A setting whose default is "unset" is not unset by 0: 0 is refused, and the message says how.
+TEST_F(Config, ZeroHostMaxBytesIsRefusedAndTheMessageSaysToLeaveItUnset) {
+  ASSERT_EQ(tagmem_shutdown(), TAGMEM_SUCCESS);
+  scoped_env env("TAGMEM_HOST_MAX_BYTES", "0");
+  TAGMEM_FAILS_WITH(tagmem_init(nullptr), TAGMEM_ERROR_INVALID_ARGUMENT);
+  EXPECT_TRUE(mentions(tagmem_last_error(), "TAGMEM_HOST_MAX_BYTES='0'")) << tagmem_last_error();
+  EXPECT_TRUE(mentions(tagmem_last_error(), "leave it unset")) << tagmem_last_error();
+}
+
 }  // namespace
 }  // namespace tagmem::test
