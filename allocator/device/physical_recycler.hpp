@@ -9,16 +9,18 @@
 //  - a swap's out-side puts its handles here as it unmaps and its in-side maps them; what is left
 //    at the end of the swap goes to the release queue (TAGMEM_RECYCLE_PHYSICAL=swap, the default);
 //  - with TAGMEM_RECYCLE_PHYSICAL=keep, every offload puts its handles here and they stay, so that
-//    a later reload or allocation maps them; tagmem_release_physical and tagmem_wait_released
-//    give them back to the driver, and so does anything of tagmem's that runs out of memory;
+//    a later reload or swap maps them; tagmem_release_physical and tagmem_wait_released give
+//    them back to the driver, and so does anything of tagmem's that runs out of memory. An
+//    allocation's new segment never takes them (block_pool maps fresh handles): it meets them
+//    only when its cuMemCreate runs out of memory, which releases them first;
 //  - with `off`, nothing is recycled.
 // Note [parked mappings]: with `keep`, a DISCARD offload does not even unmap. Its mappings are
 // parked here as they are, still mapped at the tag's addresses, and the tag counts as offloaded.
 // A reload of that tag takes its parked mappings back (reclaim) with no driver call at all, so a
 // DISCARD offload and reload in one process cost bookkeeping only, however many GiB the tag
 // holds (unmapping and mapping 60 GiB again costs milliseconds, most of it cuMemSetAccess:
-// docs/performance.md, "RL cycle"). Anything else that needs kept memory (a reload, an
-// allocation, tagmem_release_physical, a cuMemCreate out of memory) unparks a mapping first:
+// docs/performance.md, "RL cycle"). Anything else that needs kept memory (a reload or swap of
+// another tag, tagmem_release_physical, a cuMemCreate out of memory) unparks a mapping first:
 // cuMemUnmap of its range, under the recycler's lock so that the tag cannot reclaim it half way;
 // its handles are then plain kept handles. Until that happens, the offloaded tag's addresses
 // still read and write its old memory instead of faulting: only an application that touches a
