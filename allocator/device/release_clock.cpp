@@ -1,6 +1,7 @@
 // release_clock.cpp — see Note [release aftermath] in release_clock.hpp.
 #include "device/release_clock.hpp"
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -48,12 +49,18 @@ bool real_driver() noexcept {
   return std::strncmp(name ? name + 1 : lib, "libcuda.so", 10) == 0;
 }
 
-// The page at `path` for `s` (none where it is refused, said once per refusal). Holds s.mu.
+// The page at `path` for `s`. Holds s.mu. A refusal is said once per attempt: always when
+// something holds the name (another user's plant, or damage), at TAGMEM_LOG=info when the page
+// could not be made at all (no /dev/shm in a container, say).
 bool attach(clock_state& s, const std::string& path) noexcept {
   std::string why;
   s.page = clock_page::open(path, why);
-  if (!s.page) log_line("release clock not shared: " + path + ": " + why);
-  return s.page.has_value();
+  if (s.page) return true;
+  struct stat st {};
+  if (lstat(path.c_str(), &st) == 0 || logging(log_level::info)) {
+    log_line("release clock not shared: " + path + ": " + why);
+  }
+  return false;
 }
 
 clock_state& shared_state() noexcept {
