@@ -27,18 +27,20 @@
 // interposed (pinned host memory stays the runtime's), so it keeps CUDA's own behaviour.
 //
 // Errors keep the runtime's vocabulary: out of memory (also a tag that is offloaded, which a
-// caching allocator such as PyTorch's treats like any out-of-memory) is
-// cudaErrorMemoryAllocation, a bad argument or unknown pointer cudaErrorInvalidValue, anything
-// else cudaErrorUnknown; tagmem's message is printed once per thread and kind when
-// TAGMEM_PRELOAD_LOG is set.
+// caching allocator such as PyTorch's treats like any out-of-memory, and a size larger than the
+// device, which tagmem calls a bad argument but CUDA's cudaMalloc reports as out of memory, so
+// that PyTorch raises OutOfMemoryError and code that searches for the largest batch that fits
+// catches it) is cudaErrorMemoryAllocation, a bad argument or unknown pointer
+// cudaErrorInvalidValue, anything else cudaErrorUnknown; tagmem's message is printed once per
+// thread and kind when TAGMEM_PRELOAD_LOG is set.
 #include <cuda_runtime_api.h>
 
 #include <atomic>
 #include <cstdio>
 
+#include "api/runtime.hpp"
 #include "real_symbols.hpp"
 #include "reentry_guard.hpp"
-#include "api/runtime.hpp"
 #include "shim_config.hpp"
 #include "tagmem/tagmem.h"
 #include "tagmem/tagmem_preload.h"
@@ -92,17 +94,31 @@ cudaError_t to_runtime_error(tagmem_status s) {
   }
 }
 
+// Whether `size` is more than `device` has in all (tagmem refuses it as INVALID_ARGUMENT).
+bool larger_than_device(size_t size, int device) {
+  try {
+    runtime::hold rt;
+    return size > rt.dev(device).total_bytes();
+  } catch (...) {
+    return false;
+  }
+}
+
 cudaError_t allocate(void** ptr, size_t size, cudaStream_t stream, const char* tag,
                      const void* caller) {
   reentry_guard guard;
-  tagmem_status s = tagmem_malloc_tagged(ptr, size, tag, runtime_device(caller),
-                                         reinterpret_cast<tagmem_stream>(stream));
+  const int device = runtime_device(caller);
+  tagmem_status s =
+      tagmem_malloc_tagged(ptr, size, tag, device, reinterpret_cast<tagmem_stream>(stream));
   if (s == TAGMEM_SUCCESS) g_served.store(true, std::memory_order_relaxed);
   if (config().log) {
     std::fprintf(stderr, "[tagmem preload] cudaMalloc(%zu) -> tag '%s': %s\n", size, tag,
                  tagmem_status_string(s));
   }
-  return to_runtime_error(s);
+  cudaError_t e = to_runtime_error(s);
+  if (s == TAGMEM_ERROR_INVALID_ARGUMENT && larger_than_device(size, device))
+    e = cudaErrorMemoryAllocation;  // CUDA's answer to a size no device memory can hold
+  return e;
 }
 
 // The runtime numbers the errors a synchronize reports (sticky faults of earlier work) as the

@@ -136,6 +136,23 @@ TEST_F(Runtime, CudaMallocInAnOffloadedTagIsOutOfMemory) {
   EXPECT_EQ(tm().wait_released(0), TAGMEM_SUCCESS);
 }
 
+// CUDA's cudaMalloc answers a size larger than the device with cudaErrorMemoryAllocation, which
+// PyTorch turns into OutOfMemoryError; a size the runtime rejects outright stays invalid.
+TEST_F(Runtime, CudaMallocLargerThanTheDeviceIsOutOfMemory) {
+  ASSERT_EQ(tm().push("rt-huge"), TAGMEM_SUCCESS);
+  const std::size_t device_bytes = emu_device_bytes(0);
+  for (std::size_t size : {device_bytes + 1, 2 * device_bytes, std::size_t{1} << 50}) {
+    void* p = reinterpret_cast<void*>(0x1);
+    EXPECT_EQ(cudaMalloc(&p, size), 2) << size << " bytes: cudaErrorMemoryAllocation";
+    EXPECT_EQ(p, nullptr);
+    EXPECT_EQ(cudaMallocAsync(&p, size, nullptr), 2) << size << " bytes";
+  }
+  void* p = nullptr;
+  ASSERT_EQ(cudaMalloc(&p, MiB), 0) << "the tag still serves what fits";
+  ASSERT_EQ(tm().pop(), TAGMEM_SUCCESS);
+  EXPECT_EQ(cudaFree(p), 0);
+}
+
 // Note [queued writer]: a non-blocking stream with many slowed copies queued, each writing
 // `old` over the whole allocation — PyTorch's side-stream kernels still running when their
 // tensor is freed. It is not ordered with the legacy default stream.
