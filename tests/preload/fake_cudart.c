@@ -6,35 +6,41 @@
 #define _GNU_SOURCE
 #include <cuda.h>
 #include <dlfcn.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
 
 typedef int fake_error; /* same size and values as cudaError_t */
 enum { kSuccess = 0, kInvalidValue = 1, kMemoryAllocation = 2, kInitializationError = 3 };
 
+/* Set once (pthread_once) and counted atomically: threads of a test call these at once. */
 static CUresult (*alloc_fn)(CUdeviceptr*, size_t);
 static CUresult (*free_fn)(CUdeviceptr);
 static uint64_t calls;
+static pthread_once_t loaded = PTHREAD_ONCE_INIT;
 
-static int load(void) {
-  if (alloc_fn) return 1;
+static void load_once(void) {
   const char* path = getenv("TAGMEM_LIBCUDA");
   void* lib = dlopen(path && *path ? path : "libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
-  if (!lib) return 0;
+  if (!lib) return;
   CUresult (*gpa)(const char*, void**, int, cuuint64_t, CUdriverProcAddressQueryResult*) =
       (CUresult(*)(const char*, void**, int, cuuint64_t, CUdriverProcAddressQueryResult*))dlsym(
           lib, "cuGetProcAddress_v2");
-  if (!gpa) return 0;
+  if (!gpa) return;
   void* a = 0;
   void* f = 0;
   gpa("cuMemAlloc", &a, CUDA_VERSION, 0, 0);
   gpa("cuMemFree", &f, CUDA_VERSION, 0, 0);
   free_fn = (CUresult(*)(CUdeviceptr))f;
   alloc_fn = (CUresult(*)(CUdeviceptr*, size_t))a;
+}
+
+static int load(void) {
+  pthread_once(&loaded, load_once);
   return alloc_fn && free_fn;
 }
 
-uint64_t tagmem_fake_cudart_calls(void) { return calls; }
+uint64_t tagmem_fake_cudart_calls(void) { return __atomic_load_n(&calls, __ATOMIC_RELAXED); }
 
 fake_error cudaGetDevice(int* device) {
   *device = 0;
@@ -42,7 +48,7 @@ fake_error cudaGetDevice(int* device) {
 }
 
 fake_error cudaMalloc(void** ptr, size_t size) {
-  ++calls;
+  __atomic_fetch_add(&calls, 1, __ATOMIC_RELAXED);
   if (size == 0) { /* what the real runtime does */
     *ptr = 0;
     return kSuccess;
@@ -60,7 +66,7 @@ fake_error cudaMallocAsync(void** ptr, size_t size, void* stream) {
 }
 
 fake_error cudaFree(void* ptr) {
-  ++calls;
+  __atomic_fetch_add(&calls, 1, __ATOMIC_RELAXED);
   if (!ptr) return kSuccess;
   if (!load()) return kInitializationError;
   return free_fn((CUdeviceptr)ptr) == CUDA_SUCCESS ? kSuccess : kInvalidValue;

@@ -11,7 +11,6 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
-#include <filesystem>
 #include <random>
 #include <sstream>
 
@@ -29,12 +28,6 @@ bool mentions(const std::string& text, const std::string& part) {
 }
 
 std::string pid_text(pid_t pid) { return "pid " + std::to_string(pid); }
-
-// The emulator's memory is a memfd per allocation: a resident buffer holds one.
-long open_descriptors() {
-  return std::distance(std::filesystem::directory_iterator("/proc/self/fd"),
-                       std::filesystem::directory_iterator());
-}
 
 // The driver calls that release, map or hand out memory, as this process has made them so far.
 std::vector<std::uint64_t> memory_calls() {

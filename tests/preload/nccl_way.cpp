@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <random>
 #include <stdexcept>
@@ -251,6 +252,11 @@ bool readable(CUdeviceptr address) {
   ::close(p[0]);
   ::close(p[1]);
   return ok;
+}
+
+long open_descriptors() {
+  return std::distance(std::filesystem::directory_iterator("/proc/self/fd"),
+                       std::filesystem::directory_iterator());
 }
 
 std::size_t rss_shmem_bytes() {

@@ -93,6 +93,10 @@ struct filled {
 // Whether this process can read the byte at `address` (no fault; uses a pipe, never a signal).
 bool readable(CUdeviceptr address);
 
+// The descriptors this process has open. The emulator's memory is a memfd per allocation: a
+// resident buffer holds one.
+long open_descriptors();
+
 // Resident shared memory of this process (RssShmem): the emulator's device memory it maps.
 std::size_t rss_shmem_bytes();
 

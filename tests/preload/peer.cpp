@@ -13,6 +13,7 @@
 #include <cstring>
 #include <map>
 #include <stdexcept>
+#include <string_view>
 #include <thread>
 
 extern char** environ;
@@ -112,6 +113,23 @@ std::string own_path() {
 peer_process::peer_process(const std::string& scenario, const std::string& group) {
   std::string exe = own_path();
   start(exe, {exe, "--peer=" + scenario, "--group=" + group, "--control=100"}, environ);
+}
+
+peer_process::peer_process(const std::string& scenario, const std::string& group,
+                           const std::vector<std::string>& settings) {
+  std::vector<char*> env;
+  for (char** e = environ; *e; ++e) {
+    const std::string_view entry = *e;
+    const std::string_view name = entry.substr(0, entry.find('=') + 1);
+    bool replaced = false;
+    for (const std::string& s : settings) replaced |= s.rfind(name, 0) == 0;
+    if (!replaced) env.push_back(*e);
+  }
+  std::vector<std::string> copies = settings;
+  for (std::string& s : copies) env.push_back(s.data());
+  env.push_back(nullptr);
+  std::string exe = own_path();
+  start(exe, {exe, "--peer=" + scenario, "--group=" + group, "--control=100"}, env.data());
 }
 
 std::unique_ptr<peer_process> peer_process::program(const std::string& name,

@@ -40,6 +40,9 @@ struct peer_args {
 class peer_process {
  public:
   peer_process(const std::string& scenario, const std::string& group);
+  // The same, with `settings` ("NAME=value" each) replacing those variables of its environment.
+  peer_process(const std::string& scenario, const std::string& group,
+               const std::vector<std::string>& settings);
   // Another program of this binary's directory, started with `args` and without the shim
   // (LD_PRELOAD left out of its environment). Its end of the channel is fd 100.
   static std::unique_ptr<peer_process> program(const std::string& name,
