@@ -15,8 +15,17 @@
 // Code on the path of every dlsym call. It may run inside another library's start-up — a
 // sanitizer runtime resolves its interceptors with dlsym before its shadow memory exists — so
 // it is never instrumented, and it calls no function another library may intercept (not even
-// strcmp): only plain loads and stores, and the helpers below.
+// strcmp): only plain loads and stores, and the helpers below. no_sanitize leaves ThreadSanitizer's
+// function entry and exit hooks in place, which crash before its runtime is set up (the first
+// dlsym of a TSan process comes from the runtime's own initialisation); clang's
+// disable_sanitizer_instrumentation removes those, but in clang 14 not ASan's stack frames, so
+// both are given.
+#if defined(__has_attribute) && __has_attribute(disable_sanitizer_instrumentation)
+#define TAGMEM_PRELOAD_EARLY \
+  __attribute__((no_sanitize("address", "thread", "undefined"), disable_sanitizer_instrumentation))
+#else
 #define TAGMEM_PRELOAD_EARLY __attribute__((no_sanitize("address", "thread", "undefined")))
+#endif
 
 namespace tagmem::preload {
 

@@ -7,6 +7,8 @@
 // static TLS is available to it).
 #pragma once
 
+#include "real_symbols.hpp"  // TAGMEM_PRELOAD_EARLY
+
 namespace tagmem::preload {
 
 inline __thread int t_shim_depth __attribute__((tls_model("initial-exec"))) = 0;
@@ -18,7 +20,8 @@ class reentry_guard {
   reentry_guard(const reentry_guard&) = delete;
   reentry_guard& operator=(const reentry_guard&) = delete;
 
-  static bool inside() noexcept { return t_shim_depth > 0; }
+  // On the path of every dlsym call (dl_route.cpp).
+  TAGMEM_PRELOAD_EARLY static bool inside() noexcept { return t_shim_depth > 0; }
 };
 
 }  // namespace tagmem::preload
