@@ -2,12 +2,16 @@
 # Sanitizers and the bounded fuzzer run, on the emulated driver (docs/reliability.md).
 #
 # 1. AddressSanitizer + UndefinedBehaviorSanitizer build (clang 14, -fno-sanitize-recover=all via
-#    TAGMEM_SANITIZE): the emulator test suites (ctest -L emu) of every target it builds.
+#    TAGMEM_SANITIZE): the emulator test suites (ctest -L emu) of every target it builds, the
+#    LD_PRELOAD shim's included (every process they start is an instrumented binary of the tree),
+#    with the shim's fuzz tests run longer: TAGMEM_CALLS_FUZZ_STEPS (200) steps per thread of
+#    runtime and driver calls, TAGMEM_SETTINGS_FUZZ_ROUNDS (20) processes started with random
+#    settings, TAGMEM_PEER_FUZZ_ROUNDS (40) pauses and resumes with a rank that lies.
 # 2. The state-machine fuzzer, built in the same tree, for TAGMEM_FUZZ_SECONDS (120); then the
 #    rendezvous message fuzzer for TAGMEM_RDV_FUZZ_SECONDS (60).
 # 3. ThreadSanitizer build: the threaded tests (Threads.*, Release.*, EmulatorRelease.*, background
 #    pinning, StreamReuse.*, recycling and pin-ahead (Recycle*, PinAhead*), Stress.*,
-#    EmulatorStress.*).
+#    EmulatorStress.*), and the shim's threaded ones (preload_calls_fuzz_emu, ThreadRouting.*).
 # Any failing test, any sanitizer report (also one that a test somehow survived) and any fuzzer
 # finding fails the script. Build trees go under <build-root> (default: build-san/ in the repo).
 #
@@ -93,6 +97,9 @@ if [[ ",$skip," != *",asan,"* || ",$skip," != *",fuzz,"* ]]; then
     tagmem_fault_tests tagmem_fuzz_replay_tests tagmem_stress_tests tagmem_exit_probe \
     tagmem_protocol_tests tagmem_rendezvous_fuzz_replay \
     tagmem_fuzz_state_machine tagmem_fuzz_rendezvous \
+    tagmem_preload tagmem_preload_tests tagmem_claim_forger tagmem_inconsistent_peer \
+    tagmem_gpa_forwarder \
+    tagmem_metadata_heap_high_address tagmem_host_budget_probe tagmem_torch_entry_tests \
     ${TAGMEM_SAN_TARGETS:-})
   ninja -C "$asan" -j "$jobs" "${targets[@]}" >"$asan.build.log" 2>&1 ||
     { tail -50 "$asan.build.log"; exit 1; }
@@ -109,9 +116,23 @@ if [[ ",$skip," != *",asan,"* ]]; then
   # tests to a suite can make it hit on every run.
   export ASAN_OPTIONS=detect_leaks=1:halt_on_error=1:allocator_may_return_null=1:intercept_tls_get_addr=0
   export TAGMEM_FAULT_SWEEP=${TAGMEM_FAULT_SWEEP:-quick}
+  # The shim's fuzz tests, longer than in the plain build and with fixed seeds, so that the gate
+  # passes or fails the same way on the same code (give other seeds to explore).
+  export TAGMEM_CALLS_FUZZ_STEPS=${TAGMEM_CALLS_FUZZ_STEPS:-200}
+  export TAGMEM_CALLS_FUZZ_SEED=${TAGMEM_CALLS_FUZZ_SEED:-1}
+  export TAGMEM_SETTINGS_FUZZ_ROUNDS=${TAGMEM_SETTINGS_FUZZ_ROUNDS:-20}
+  export TAGMEM_SETTINGS_FUZZ_SEED=${TAGMEM_SETTINGS_FUZZ_SEED:-1}
+  export TAGMEM_PEER_FUZZ_ROUNDS=${TAGMEM_PEER_FUZZ_ROUNDS:-40}
+  export TAGMEM_PEER_FUZZ_SEED=${TAGMEM_PEER_FUZZ_SEED:-1}
   filter=$(built_emu_tests "$asan")
+  # Left out (the plain build runs both): host_budget_cgroup_emu sizes a memory cgroup for an
+  # uninstrumented process, and ASan's shadow memory and quarantine fill it first;
+  # preload_pause_sweep_emu (a minute plain) takes more than 15 minutes under ASan.
+  echo "[sanitizers] left out of the ASan run: host_budget_cgroup_emu, preload_pause_sweep_emu"
   log=$asan/ctest-emu.log
-  if (cd "$asan" && ctest -L emu -R "$filter" -j "$jobs" --timeout 1200 --output-on-failure \
+  if (cd "$asan" && ctest -L emu -R "$filter" \
+        -E '^(host_budget_cgroup_emu|preload_pause_sweep_emu)$' -j "$jobs" \
+        --timeout 1200 --output-on-failure \
         --output-log "$log" >"$asan.ctest.out" 2>&1) && scan "$log"; then
     summary+=("asan+ubsan: $(grep -E 'tests passed' "$asan.ctest.out" | tail -1) in $((SECONDS - start))s")
   else
@@ -119,7 +140,8 @@ if [[ ",$skip," != *",asan,"* ]]; then
     summary+=("asan+ubsan: FAILED (see $asan.ctest.out, $log)")
     failed=1
   fi
-  unset TAGMEM_FAULT_SWEEP
+  unset TAGMEM_FAULT_SWEEP TAGMEM_CALLS_FUZZ_STEPS TAGMEM_CALLS_FUZZ_SEED TAGMEM_SETTINGS_FUZZ_ROUNDS \
+    TAGMEM_SETTINGS_FUZZ_SEED TAGMEM_PEER_FUZZ_ROUNDS TAGMEM_PEER_FUZZ_SEED
 fi
 
 # ---- 2. the fuzzer ---------------------------------------------------------------------------
@@ -164,7 +186,8 @@ if [[ ",$skip," != *",tsan,"* ]]; then
   tsan=$root/thread
   configure "$tsan" thread
   ninja -C "$tsan" -j "$jobs" tagmem_emu tagmem_core_tests tagmem_stress_tests \
-    >"$tsan.build.log" 2>&1 || { tail -50 "$tsan.build.log"; exit 1; }
+    tagmem_preload tagmem_preload_tests >"$tsan.build.log" 2>&1 ||
+    { tail -50 "$tsan.build.log"; exit 1; }
   common_env
   export TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1
   export TAGMEM_LIBCUDA=$tsan/allocator/driver/emu/libtagmem_emu.so
@@ -176,8 +199,12 @@ if [[ ",$skip," != *",tsan,"* ]]; then
        --gtest_filter='Threads*:Release*:EmulatorRelease*:EmulatorPipeline.HostStorePins*:StreamReuse*:Recycle*:EmulatorRecycle.*:PinAhead*:EmulatorPinAhead*' \
        >"$log" 2>&1 &&
      "$tsan/tests/stress/tagmem_stress_tests" --gtest_filter='Stress*:EmulatorStress*' >>"$log" 2>&1 &&
+     # The shim's threads of runtime and driver calls, under the shim as ctest starts them.
+     (cd "$tsan" && TAGMEM_CALLS_FUZZ_STEPS=${TAGMEM_CALLS_FUZZ_STEPS:-100} \
+        TAGMEM_CALLS_FUZZ_SEED=${TAGMEM_CALLS_FUZZ_SEED:-1} \
+        ctest -R '^preload_calls_fuzz_emu$' --timeout 600 -V) >>"$log" 2>&1 &&
      scan "$log"; then
-    summary+=("tsan: $(grep -cE '^\[       OK \]' "$log") threaded tests passed in $((SECONDS - start))s")
+    summary+=("tsan: $(grep -cE '^([0-9]+: )?\[       OK \]' "$log") threaded tests passed in $((SECONDS - start))s")
   else
     tail -80 "$log"
     summary+=("tsan: FAILED (see $log)")
