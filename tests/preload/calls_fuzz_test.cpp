@@ -113,8 +113,9 @@ class caller {
     EXPECT_EQ(nccl().cuStreamSynchronize(stream_), CUDA_SUCCESS);
     EXPECT_EQ(nccl().cuStreamDestroy(stream_), CUDA_SUCCESS);
     tagmem_tag_stats st{};
-    if (tm().tag_stats(tag_.c_str(), 0, &st) == TAGMEM_SUCCESS)
+    if (tm().tag_stats(tag_.c_str(), 0, &st) == TAGMEM_SUCCESS) {
       EXPECT_EQ(st.live_allocations, 0u) << tag_;
+    }
   }
 
  private:
@@ -132,9 +133,13 @@ class caller {
     if (blocks_.size() >= kMaxLive) return;
     block b;
     b.size = size();
-    if (!scope.empty()) ASSERT_EQ(tm().push(scope.c_str()), TAGMEM_SUCCESS);
+    if (!scope.empty()) {
+      ASSERT_EQ(tm().push(scope.c_str()), TAGMEM_SUCCESS);
+    }
     int r = async ? cudaMallocAsync(&b.ptr, b.size, stream()) : cudaMalloc(&b.ptr, b.size);
-    if (!scope.empty()) ASSERT_EQ(tm().pop(), TAGMEM_SUCCESS);
+    if (!scope.empty()) {
+      ASSERT_EQ(tm().pop(), TAGMEM_SUCCESS);
+    }
     ASSERT_EQ(r, kSuccess) << "cudaMalloc" << (async ? "Async" : "") << "(" << b.size << ")";
     b.tag = expected_tag;
     EXPECT_EQ(owner(b.ptr), expected_tag) << "where the allocation went";

@@ -52,11 +52,15 @@ TEST(InconsistentPeer, LiesAtAnyStepLoseNoByteAndLeakNoDescriptor) {
     liar->channel().send(op + " " + std::to_string(peer_seed));
     const tagmem_status s = paused ? shim().resume(group.c_str(), 0, 2, kTimeoutMs)
                                    : shim().pause(group.c_str(), 0, 2, kTimeoutMs);
-    if (s != TAGMEM_SUCCESS) EXPECT_STRNE(shim().last_error(), "") << "a failure says why";
+    if (s != TAGMEM_SUCCESS) {
+      EXPECT_STRNE(shim().last_error(), "") << "a failure says why";
+    }
     tally[op + " " + shim().status_string(s)]++;
     const std::string reply = liar->channel().receive(nullptr, 4 * kTimeoutMs);
     EXPECT_EQ(reply.rfind("done", 0), 0u) << reply;
-    if (shim_stats().paused == 0) EXPECT_TRUE(mine.intact()) << "resident, but bytes differ";
+    if (shim_stats().paused == 0) {
+      EXPECT_TRUE(mine.intact()) << "resident, but bytes differ";
+    }
     return s;
   };
 
