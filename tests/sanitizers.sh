@@ -11,7 +11,8 @@
 #    rendezvous message fuzzer for TAGMEM_RDV_FUZZ_SECONDS (60).
 # 3. ThreadSanitizer build: the threaded tests (Threads.*, Release.*, EmulatorRelease.*, background
 #    pinning, StreamReuse.*, recycling and pin-ahead (Recycle*, PinAhead*), Stress.*,
-#    EmulatorStress.*), and the shim's threaded ones (preload_calls_fuzz_emu, ThreadRouting.*).
+#    EmulatorStress.*), and the shim's threads of runtime and driver calls (preload_calls_fuzz_emu,
+#    TAGMEM_CALLS_FUZZ_STEPS 100).
 # Any failing test, any sanitizer report (also one that a test somehow survived) and any fuzzer
 # finding fails the script. Build trees go under <build-root> (default: build-san/ in the repo).
 #
@@ -140,8 +141,8 @@ if [[ ",$skip," != *",asan,"* ]]; then
     summary+=("asan+ubsan: FAILED (see $asan.ctest.out, $log)")
     failed=1
   fi
-  unset TAGMEM_FAULT_SWEEP TAGMEM_CALLS_FUZZ_STEPS TAGMEM_CALLS_FUZZ_SEED TAGMEM_SETTINGS_FUZZ_ROUNDS \
-    TAGMEM_SETTINGS_FUZZ_SEED TAGMEM_PEER_FUZZ_ROUNDS TAGMEM_PEER_FUZZ_SEED
+  unset TAGMEM_FAULT_SWEEP TAGMEM_CALLS_FUZZ_STEPS TAGMEM_CALLS_FUZZ_SEED \
+    TAGMEM_SETTINGS_FUZZ_ROUNDS TAGMEM_SETTINGS_FUZZ_SEED TAGMEM_PEER_FUZZ_ROUNDS TAGMEM_PEER_FUZZ_SEED
 fi
 
 # ---- 2. the fuzzer ---------------------------------------------------------------------------
