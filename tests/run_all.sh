@@ -13,7 +13,7 @@ $sudo apt-get install -y -qq --no-install-recommends \
   cmake ninja-build g++ clang-14 libclang-rt-14-dev pkg-config \
   libmimalloc-dev libgtest-dev libgmock-dev googletest libbenchmark-dev \
   python3 python3-pytest python3-venv python3-pip python3-setuptools python3-wheel \
-  python3-matplotlib >/dev/null
+  python3-matplotlib abigail-tools >/dev/null
 
 jobs=$(nproc)
 logs=$(mktemp -d)

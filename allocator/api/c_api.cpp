@@ -12,19 +12,20 @@
 #include <new>
 #include <string>
 
-#include "device/address_index.hpp"
 #include "api/c_error.hpp"
+#include "api/runtime.hpp"
+#include "api/sized_struct.hpp"
+#include "api/tag_scope.hpp"
+#include "device/address_index.hpp"
 #include "driver/driver.hpp"
-#include "tags/host_view.hpp"
 #include "host/metadata_heap.hpp"
 #include "observe/log.hpp"
-#include "registry/oom_message.hpp"
 #include "observe/trace.hpp"
 #include "options/options.hpp"
+#include "registry/oom_message.hpp"
 #include "registry/registry.hpp"
-#include "api/runtime.hpp"
-#include "api/tag_scope.hpp"
 #include "tagmem/tagmem.h"
+#include "tags/host_view.hpp"
 
 namespace tagmem {
 namespace {
@@ -56,6 +57,12 @@ tagmem_offload_mode checked_mode(const tagmem_offload_mode& mode) {
                  "offload mode must be TAGMEM_BACKUP or TAGMEM_DISCARD");
   return raw == TAGMEM_BACKUP ? TAGMEM_BACKUP : TAGMEM_DISCARD;
 }
+
+// The first released size of each struct (Note [sized structs]): what the fields before the first
+// one added since end at. The unsized entry points of that release write exactly this much.
+constexpr std::size_t kFirstConfig = offsetof(tagmem_config, host_max_bytes);
+constexpr std::size_t kFirstTagStats = offsetof(tagmem_tag_stats, peak_allocated_bytes);
+constexpr std::size_t kFirstDeviceStats = offsetof(tagmem_device_stats, host_budget_bytes);
 
 void expect_non_null(const void* p, const char* what) {
   TAGMEM_EXPECTS(p != nullptr, TAGMEM_ERROR_INVALID_ARGUMENT, std::string(what) + " is NULL");
@@ -93,14 +100,29 @@ using namespace tagmem;
 
 extern "C" {
 
-void tagmem_config_init(tagmem_config* config) {
-  if (!config) return;
-  std::memset(config, 0, sizeof(*config));
-  config->struct_size = sizeof(*config);
+// Exported for programs built against an earlier tagmem.h; this one makes macros of their names.
+TAGMEM_API void(tagmem_config_init)(tagmem_config* config);
+TAGMEM_API tagmem_status(tagmem_tag_stats_get)(const char* tag, int device, tagmem_tag_stats* out);
+TAGMEM_API tagmem_status(tagmem_device_stats_get)(int device, tagmem_device_stats* out);
+
+void tagmem_config_init_sized(tagmem_config* config, size_t size) {
+  if (!config || size < kFirstConfig || size > kLargestStruct) return;
+  std::memset(config, 0, size);
+  config->struct_size = size;
 }
 
+// The names tagmem.h makes macros of, as a program built against an earlier header (where they
+// were functions) links them: they fill the first released struct, a prefix of every later one.
+// The parentheses keep the macros from expanding.
+void(tagmem_config_init)(tagmem_config* config) { tagmem_config_init_sized(config, kFirstConfig); }
+
 tagmem_status tagmem_init(const tagmem_config* config) {
-  return c_boundary([&] { runtime::start(make_config(config)); });
+  return c_boundary([&] {
+    if (!config) return runtime::start(make_config(nullptr));
+    const tagmem_config user =
+        read_sized<tagmem_config>(config, config->struct_size, kFirstConfig, "tagmem_config");
+    runtime::start(make_config(&user));
+  });
 }
 
 tagmem_status tagmem_config_describe(char* buf, size_t capacity, size_t* needed) {
@@ -271,22 +293,32 @@ tagmem_status tagmem_host_trim(size_t keep_bytes) {
   return guarded([&](registry& r) { r.store().trim(keep_bytes); });
 }
 
-tagmem_status tagmem_tag_stats_get(const char* tag, int device, tagmem_tag_stats* out) {
+tagmem_status tagmem_tag_stats_get_sized(const char* tag, int device, tagmem_tag_stats* out,
+                                         size_t out_size) {
   return guarded([&](registry& r) {
     expect_non_null(out, "out");
+    check_struct_size(out_size, kFirstTagStats, sizeof(tagmem_tag_stats), "tagmem_tag_stats");
+    tagmem_tag_stats s;
     if (const external_tag* x = find_external_tag(tag)) {
-      *out = x->stats(r.resolve_device(device));
-      return;
+      s = x->stats(r.resolve_device(device));
+    } else {
+      tagmem::tag& t = r.get(r.resolve_device(device), tag);
+      std::lock_guard lock(t.mutex());
+      s = t.stats();
     }
-    tagmem::tag& t = r.get(r.resolve_device(device), tag);
-    std::lock_guard lock(t.mutex());
-    *out = t.stats();
+    write_sized(s, out, out_size, kFirstTagStats, "tagmem_tag_stats");
   });
 }
 
-tagmem_status tagmem_device_stats_get(int device, tagmem_device_stats* out) {
+tagmem_status(tagmem_tag_stats_get)(const char* tag, int device, tagmem_tag_stats* out) {
+  return tagmem_tag_stats_get_sized(tag, device, out, kFirstTagStats);
+}
+
+tagmem_status tagmem_device_stats_get_sized(int device, tagmem_device_stats* out, size_t out_size) {
   return guarded([&](registry& r) {
     expect_non_null(out, "out");
+    check_struct_size(out_size, kFirstDeviceStats, sizeof(tagmem_device_stats),
+                      "tagmem_device_stats");
     int d = r.resolve_device(device);
     tagmem_device_stats s{};
     for (tagmem::tag* t : r.tags(d)) {
@@ -311,8 +343,12 @@ tagmem_status tagmem_device_stats_get(int device, tagmem_device_stats* out) {
     s.host_pinned_high_water = hs.high_water;
     s.host_used_bytes = hs.used_bytes;
     s.host_budget_bytes = hs.budget_bytes;
-    *out = s;
+    write_sized(s, out, out_size, kFirstDeviceStats, "tagmem_device_stats");
   });
+}
+
+tagmem_status(tagmem_device_stats_get)(int device, tagmem_device_stats* out) {
+  return tagmem_device_stats_get_sized(device, out, kFirstDeviceStats);
 }
 
 tagmem_status tagmem_list_tags(int device, char (*names)[TAGMEM_MAX_TAG_NAME + 1], size_t capacity,

@@ -41,13 +41,8 @@ void check_field(const std::string& origin, option o, std::size_t value) {
 
 config make_config(const tagmem_config* user) {
   tagmem_config zero{};
-  if (user) {
-    TAGMEM_EXPECTS(user->struct_size == sizeof(tagmem_config), TAGMEM_ERROR_INVALID_ARGUMENT,
-                   "tagmem_config.struct_size is wrong: call tagmem_config_init() first");
-  } else {
-    user = &zero;
-  }
-  note_config_fields({});  // until this configuration is made, no field is in effect
+  if (!user) user = &zero;  // the C ABI read the caller's struct at its size (Note [sized structs])
+  note_config_fields({});   // until this configuration is made, no field is in effect
   // Every setting of the table, the shim's and NCCL's included, so that init reports them.
   check_environment();
   config c;

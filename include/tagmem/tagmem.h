@@ -77,10 +77,20 @@ typedef enum tagmem_tag_state {
   TAGMEM_OFFLOADED_DISCARD = 2
 } tagmem_tag_state;
 
-/* Configuration for tagmem_init(). Fill with tagmem_config_init() first; a zero field keeps the
- * default (or the TAGMEM_* environment variable named beside it). */
+/* Structs that cross this ABI grow only at their end, and the library reads and writes no byte
+ * past the size the caller's copy of this header gave them (docs/abi.md): tagmem_config says it
+ * in struct_size, which tagmem_config_init() and TAGMEM_CONFIG_INIT set to the caller's sizeof;
+ * the statistics calls are macros that pass sizeof(*out) to their _sized function. A size below
+ * the struct's first released size, or above 4096, is INVALID_ARGUMENT. A caller built against a
+ * newer header than the library gets 0 in the fields the library does not know, and a non-zero
+ * field of tagmem_config the library does not know is INVALID_ARGUMENT. Callers that bind the
+ * library without this header (ctypes, dlsym) call the _sized functions with their struct's size.
+ */
+
+/* Configuration for tagmem_init(). Fill with tagmem_config_init() or TAGMEM_CONFIG_INIT first;
+ * a zero field keeps the default (or the TAGMEM_* environment variable named beside it). */
 typedef struct tagmem_config {
-  size_t struct_size;       /* sizeof(tagmem_config), set by tagmem_config_init() */
+  size_t struct_size;       /* the caller's sizeof(tagmem_config), set by tagmem_config_init() */
   size_t chunk_bytes;       /* TAGMEM_CHUNK_BYTES: physical chunk for small segments (2 MiB) */
   size_t arena_bytes;       /* TAGMEM_ARENA_BYTES: virtual range reserved per tag (256 GiB) */
   size_t copy_piece_bytes;  /* TAGMEM_COPY_PIECE_BYTES: size of one offload/reload copy (64 MiB) */
@@ -129,8 +139,14 @@ typedef struct tagmem_device_stats {
 
 /* ---- lifetime and errors ------------------------------------------------------------------- */
 
-/* Fills `config` with defaults (zeros) and its struct_size. Never fails on a non-null pointer. */
-TAGMEM_API void tagmem_config_init(tagmem_config* config);
+/* Fills the `size` bytes of `config` with defaults (zeros) and sets struct_size to `size`; does
+ * nothing when `config` is NULL or `size` is not a tagmem_config's (see above). Call it through
+ * tagmem_config_init(config), which passes the caller's sizeof. */
+TAGMEM_API void tagmem_config_init_sized(tagmem_config* config, size_t size);
+#define tagmem_config_init(config) tagmem_config_init_sized((config), sizeof(*(config)))
+
+/* A tagmem_config with every field zero (the defaults) and the caller's struct_size. */
+#define TAGMEM_CONFIG_INIT {sizeof(tagmem_config), 0, 0, 0, 0, 0}
 
 /* Initialises tagmem with `config` (NULL: defaults and environment). Loads the CUDA driver from
  * TAGMEM_LIBCUDA if set, else libcuda.so.1; it never falls back to anything else.
@@ -361,11 +377,21 @@ TAGMEM_API tagmem_status tagmem_set_keep_backup(const char* tag, int device, int
 
 /* ---- statistics ---------------------------------------------------------------------------- */
 
-/* Statistics of one tag. Errors: INVALID_ARGUMENT (null out), UNKNOWN_TAG. */
-TAGMEM_API tagmem_status tagmem_tag_stats_get(const char* tag, int device, tagmem_tag_stats* out);
+/* Statistics of one tag, written to the `out_size` bytes at `out`. Call it through
+ * tagmem_tag_stats_get(tag, device, out), which passes sizeof(*out).
+ * Errors: INVALID_ARGUMENT (null out, not a tagmem_tag_stats's size), UNKNOWN_TAG. */
+TAGMEM_API tagmem_status tagmem_tag_stats_get_sized(const char* tag, int device,
+                                                    tagmem_tag_stats* out, size_t out_size);
+#define tagmem_tag_stats_get(tag, device, out) \
+  tagmem_tag_stats_get_sized((tag), (device), (out), sizeof(*(out)))
 
-/* Statistics of one device. Errors: INVALID_ARGUMENT, DRIVER. */
-TAGMEM_API tagmem_status tagmem_device_stats_get(int device, tagmem_device_stats* out);
+/* Statistics of one device, written to the `out_size` bytes at `out`. Call it through
+ * tagmem_device_stats_get(device, out), which passes sizeof(*out).
+ * Errors: INVALID_ARGUMENT (null out, not a tagmem_device_stats's size, bad device), DRIVER. */
+TAGMEM_API tagmem_status tagmem_device_stats_get_sized(int device, tagmem_device_stats* out,
+                                                       size_t out_size);
+#define tagmem_device_stats_get(device, out) \
+  tagmem_device_stats_get_sized((device), (out), sizeof(*(out)))
 
 /* Writes up to `capacity` tag names of `device` into `names` (each TAGMEM_MAX_TAG_NAME + 1 bytes,
  * NUL-terminated) and the number of tags into *count (which may exceed capacity). */

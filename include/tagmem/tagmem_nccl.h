@@ -105,8 +105,12 @@ TAGMEM_API tagmem_status tagmem_nccl_pause(const char* group, int rank, int size
  * TIMEOUT. */
 TAGMEM_API tagmem_status tagmem_nccl_resume(const char* group, int rank, int size, int timeout_ms);
 
-/* This process's statistics of the `nccl` tag. Errors: INVALID_ARGUMENT (null out). */
-TAGMEM_API tagmem_status tagmem_nccl_stats_get(tagmem_nccl_stats* out);
+/* This process's statistics of the `nccl` tag, written to the `out_size` bytes at `out` (the
+ * struct grows as tagmem.h's do: docs/abi.md). Through dlsym, look this name up and pass
+ * sizeof(tagmem_nccl_stats); the macro tagmem_nccl_stats_get(out) does it for a linked caller.
+ * Errors: INVALID_ARGUMENT (null out, not a tagmem_nccl_stats's size). */
+TAGMEM_API tagmem_status tagmem_nccl_stats_get_sized(tagmem_nccl_stats* out, size_t out_size);
+#define tagmem_nccl_stats_get(out) tagmem_nccl_stats_get_sized((out), sizeof(*(out)))
 
 #ifdef __cplusplus
 }

@@ -3,8 +3,9 @@
 // The boundary of tagmem's own C ABI (c_boundary): exceptions become a status and a message for
 // tagmem_last_error(), nothing aborts. NCCL's memory is not in a tagmem arena, but it is the tag
 // TAGMEM_NCCL_TAG to tagmem's own calls: registered here, when the library is loaded.
-#include "collective.hpp"
 #include "api/runtime.hpp"
+#include "api/sized_struct.hpp"
+#include "collective.hpp"
 #include "step_log.hpp"
 #include "tagmem/tagmem_nccl.h"
 
@@ -22,6 +23,9 @@ const tagmem::external_tag kNcclTag = {
   tagmem::register_external_tag(&kNcclTag);
   return true;
 }();
+
+// The first released tagmem_nccl_stats ended before this field (Note [sized structs]).
+constexpr std::size_t kFirstNcclStats = offsetof(tagmem_nccl_stats, backup_store_used_bytes);
 
 }  // namespace
 
@@ -43,11 +47,17 @@ tagmem_status tagmem_nccl_resume(const char* group, int rank, int size, int time
   });
 }
 
-tagmem_status tagmem_nccl_stats_get(tagmem_nccl_stats* out) {
+tagmem_status tagmem_nccl_stats_get_sized(tagmem_nccl_stats* out, size_t out_size) {
   return tagmem::c_boundary([&] {
-    TAGMEM_EXPECTS(out != nullptr, TAGMEM_ERROR_INVALID_ARGUMENT, "out is NULL");
-    *out = tagmem::nccl::stats();
+    tagmem::write_sized(tagmem::nccl::stats(), out, out_size, kFirstNcclStats, "tagmem_nccl_stats");
   });
+}
+
+// Looked up by callers of an earlier tagmem_nccl.h (where it was a function, now a macro): the
+// first released struct, a prefix of every later one. The parentheses keep the macro out.
+TAGMEM_API tagmem_status(tagmem_nccl_stats_get)(tagmem_nccl_stats* out);
+tagmem_status(tagmem_nccl_stats_get)(tagmem_nccl_stats* out) {
+  return tagmem_nccl_stats_get_sized(out, kFirstNcclStats);
 }
 
 }  // extern "C"

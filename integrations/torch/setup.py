@@ -1,7 +1,7 @@
 """Packaging of the tagmem Python package: ``pip install --no-build-isolation ./integrations/torch``.
 
 The package loads its native libraries at run time (see tagmem/_lib.py for where it looks) and
-carries them in tagmem/lib/: libtagmem.so.0, libtagmem_torch_alloc.so (the PyTorch allocator),
+carries them in tagmem/lib/: libtagmem.so.1, libtagmem_torch_alloc.so (the PyTorch allocator),
 libtagmem_preload.so (the LD_PRELOAD shim), libtagmem_emu.so (the emulated driver) and, from a
 build configured with -DTAGMEM_BUILD_LIBTORCH=ON, libtagmem_libtorch.so (global mode's libtorch part).
 
@@ -35,11 +35,11 @@ _SOURCE = os.path.dirname(os.path.dirname(_HERE))  # the repository root
 # absolute build directory, and often an empty entry, which the loader reads as the current
 # directory, so a library planted where the program runs would be loaded in its place. Each staged
 # library gets exactly the run path it needs, as `cmake --install` gives it: "$ORIGIN" for those
-# that link libtagmem.so.0 (found beside them), none for the self-contained ones.
+# that link libtagmem.so.1 (found beside them), none for the self-contained ones.
 # tests/torch/test_packaging.py checks every packaged ELF file.
 _ORIGIN = "$ORIGIN"
 _REQUIRED = {
-    "libtagmem.so.0": ("allocator/libtagmem.so.0", _ORIGIN),
+    "libtagmem.so.1": ("allocator/libtagmem.so.1", _ORIGIN),
     "libtagmem_torch_alloc.so": ("integrations/torch/libtagmem_torch_alloc.so", _ORIGIN),
 }
 _OPTIONAL = {

@@ -59,7 +59,8 @@ TEST_F(Errors, BadArgumentsAreRejected) {
                     TAGMEM_ERROR_INVALID_ARGUMENT);
   TAGMEM_FAILS_WITH(tagmem_push_tag(""), TAGMEM_ERROR_INVALID_ARGUMENT);
   TAGMEM_FAILS_WITH(tagmem_pop_tag(), TAGMEM_ERROR_SCOPE_EMPTY);
-  TAGMEM_FAILS_WITH(tagmem_tag_stats_get("t", 0, nullptr), TAGMEM_ERROR_INVALID_ARGUMENT);
+  TAGMEM_FAILS_WITH(tagmem_tag_stats_get_sized("t", 0, nullptr, sizeof(tagmem_tag_stats)),
+                    TAGMEM_ERROR_INVALID_ARGUMENT);
   TAGMEM_FAILS_WITH(tagmem_init(nullptr), TAGMEM_ERROR_INVALID_ARGUMENT);  // already initialised
 
   void* q = nullptr;

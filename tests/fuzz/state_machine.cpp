@@ -826,7 +826,7 @@ void runner::op_misuse() {
       what = "swap(in NULL, 1)";
       break;
     case 4:
-      s = tagmem_tag_stats_get("t0", 0, nullptr);
+      s = tagmem_tag_stats_get_sized("t0", 0, nullptr, sizeof(tagmem_tag_stats));
       what = "tag_stats_get(NULL out)";
       break;
     case 5: {
@@ -845,7 +845,7 @@ void runner::op_misuse() {
       break;
     }
     default:
-      s = tagmem_device_stats_get(0, nullptr);
+      s = tagmem_device_stats_get_sized(0, nullptr, sizeof(tagmem_device_stats));
       what = "device_stats_get(NULL out)";
       break;
   }

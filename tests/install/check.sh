@@ -40,8 +40,8 @@ cmake --no-warn-unused-cli -S . -B "$work/lib" -G Ninja -DCMAKE_BUILD_TYPE=Relea
   -DTAGMEM_BUILD_BENCHMARKS=OFF "${no_deps[@]}" >/dev/null
 cmake --build "$work/lib" -j "$jobs" >/dev/null
 cmake --install "$work/lib" --prefix "$work/prefix" >/dev/null  # a prefix chosen only now
-libdir=$(find "$work/prefix" -name libtagmem.so.0 -printf '%h\n' | head -n1)
-[ -n "$libdir" ] || fail "cmake --install put no libtagmem.so.0 under $work/prefix"
+libdir=$(find "$work/prefix" -name libtagmem.so.1 -printf '%h\n' | head -n1)
+[ -n "$libdir" ] || fail "cmake --install put no libtagmem.so.1 under $work/prefix"
 emu=$libdir/libtagmem_emu.so
 for f in "$libdir/libtagmem_preload.so" "$libdir/libtagmem_torch_alloc.so" "$emu" \
   "$libdir/pkgconfig/tagmem.pc" "$libdir/cmake/tagmem/tagmemConfig.cmake" \
@@ -86,7 +86,7 @@ case $shim in
   *) fail "python -m tagmem preload-path printed '$shim', not the shim inside the venv" ;;
 esac
 package_lib=$(dirname "$shim")
-for f in libtagmem.so.0 libtagmem_torch_alloc.so libtagmem_emu.so; do
+for f in libtagmem.so.1 libtagmem_torch_alloc.so libtagmem_emu.so; do
   [ -f "$package_lib/$f" ] || fail "the installed package has no $f"
 done
 # Every packaged ELF file's run path is exactly what it needs (Note [packaged run paths]).
@@ -107,7 +107,7 @@ nbytes = rng.randrange(1, 64) << 16
 data = rng.randbytes(nbytes)
 with tagmem.tag("pip"):
     ptr = tagmem.raw_alloc(nbytes)
-assert tagmem.library_file() == os.path.realpath(os.path.join(package_lib, "libtagmem.so.0"))
+assert tagmem.library_file() == os.path.realpath(os.path.join(package_lib, "libtagmem.so.1"))
 assert os.path.dirname(_entry_points.path()) == package_lib, _entry_points.path()
 io = DeviceIO(0)
 io.write(ptr, data)
@@ -132,7 +132,7 @@ import os, sys, zipfile
 wheels = os.listdir(sys.argv[1])
 assert len(wheels) == 1 and not wheels[0].endswith("-any.whl"), wheels
 names = set(zipfile.ZipFile(os.path.join(sys.argv[1], wheels[0])).namelist())
-for lib in ("libtagmem.so.0", "libtagmem_torch_alloc.so", "libtagmem_preload.so", "libtagmem_emu.so"):
+for lib in ("libtagmem.so.1", "libtagmem_torch_alloc.so", "libtagmem_preload.so", "libtagmem_emu.so"):
     assert f"tagmem/lib/{lib}" in names, (lib, sorted(n for n in names if "/lib/" in n))
 assert "tagmem/__main__.py" in names
 print(f"wheel: {wheels[0]} carries the four native libraries")

@@ -176,7 +176,12 @@ TEST(Arguments, BadGroupRankOrSizeAreInvalidArguments) {
   EXPECT_EQ(shim().pause("g", 0, 0, 1000), TAGMEM_ERROR_INVALID_ARGUMENT)
       << "size 0 means LOCAL_WORLD_SIZE, which is not set here";
   EXPECT_EQ(shim().pause("g", 0, 1, -5), TAGMEM_ERROR_INVALID_ARGUMENT);
-  EXPECT_EQ(shim().stats(nullptr), TAGMEM_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(shim().stats(nullptr, sizeof(tagmem_nccl_stats)), TAGMEM_ERROR_INVALID_ARGUMENT);
+  // A size no tagmem_nccl_stats ever had writes nothing (docs/abi.md).
+  tagmem_nccl_stats s;
+  std::memset(&s, 0x5a, sizeof s);
+  EXPECT_EQ(shim().stats(&s, 8), TAGMEM_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(s.held_bytes, static_cast<std::size_t>(0x5a5a5a5a5a5a5a5aull));
 }
 
 }  // namespace

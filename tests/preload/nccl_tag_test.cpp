@@ -33,15 +33,15 @@ F core_fn(const char* name) {
 
 tagmem_tag_stats tag_stats(const char* name) {
   tagmem_tag_stats s{};
-  auto get = core_fn<decltype(&tagmem_tag_stats_get)>("tagmem_tag_stats_get");
-  EXPECT_EQ(get(name, 0, &s), TAGMEM_SUCCESS) << shim().last_error();
+  auto get = core_fn<decltype(&tagmem_tag_stats_get_sized)>("tagmem_tag_stats_get_sized");
+  EXPECT_EQ(get(name, 0, &s, sizeof s), TAGMEM_SUCCESS) << shim().last_error();
   return s;
 }
 
 tagmem_device_stats device_stats() {
   tagmem_device_stats s{};
-  auto get = core_fn<decltype(&tagmem_device_stats_get)>("tagmem_device_stats_get");
-  EXPECT_EQ(get(0, &s), TAGMEM_SUCCESS) << shim().last_error();
+  auto get = core_fn<decltype(&tagmem_device_stats_get_sized)>("tagmem_device_stats_get_sized");
+  EXPECT_EQ(get(0, &s, sizeof s), TAGMEM_SUCCESS) << shim().last_error();
   return s;
 }
 

@@ -280,7 +280,7 @@ const shim_api& shim() {
     };
     s->pause = reinterpret_cast<decltype(s->pause)>(get("tagmem_nccl_pause"));
     s->resume = reinterpret_cast<decltype(s->resume)>(get("tagmem_nccl_resume"));
-    s->stats = reinterpret_cast<decltype(s->stats)>(get("tagmem_nccl_stats_get"));
+    s->stats = reinterpret_cast<decltype(s->stats)>(get("tagmem_nccl_stats_get_sized"));
     s->last_error = reinterpret_cast<decltype(s->last_error)>(get("tagmem_last_error"));
     s->status_string = reinterpret_cast<decltype(s->status_string)>(get("tagmem_status_string"));
     return s;
@@ -290,7 +290,7 @@ const shim_api& shim() {
 
 tagmem_nccl_stats shim_stats() {
   tagmem_nccl_stats s{};
-  if (shim().stats(&s) != TAGMEM_SUCCESS) die(std::string("stats: ") + shim().last_error());
+  if (shim().stats(&s, sizeof s) != TAGMEM_SUCCESS) die(std::string("stats: ") + shim().last_error());
   return s;
 }
 

@@ -104,7 +104,7 @@ std::size_t rss_shmem_bytes();
 struct shim_api {
   tagmem_status (*pause)(const char*, int, int, int);
   tagmem_status (*resume)(const char*, int, int, int);
-  tagmem_status (*stats)(tagmem_nccl_stats*);
+  tagmem_status (*stats)(tagmem_nccl_stats*, size_t);
   const char* (*last_error)();
   const char* (*status_string)(tagmem_status);
 };

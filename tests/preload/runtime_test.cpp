@@ -40,8 +40,8 @@ struct api {
       get<decltype(&::tagmem_pointer_info)>("tagmem_pointer_info");
   decltype(&::tagmem_offload) offload = get<decltype(&::tagmem_offload)>("tagmem_offload");
   decltype(&::tagmem_reload) reload = get<decltype(&::tagmem_reload)>("tagmem_reload");
-  decltype(&::tagmem_tag_stats_get) tag_stats =
-      get<decltype(&::tagmem_tag_stats_get)>("tagmem_tag_stats_get");
+  decltype(&::tagmem_tag_stats_get_sized) tag_stats =
+      get<decltype(&::tagmem_tag_stats_get_sized)>("tagmem_tag_stats_get_sized");
   decltype(&::tagmem_wait_released) wait_released =
       get<decltype(&::tagmem_wait_released)>("tagmem_wait_released");
 };
@@ -96,7 +96,7 @@ TEST_F(Runtime, InsideAScopeCudaMallocAndFreeGoToTagmem) {
   EXPECT_EQ(cudaFreeAsync(q, nullptr), 0);
   EXPECT_EQ(tagmem_fake_cudart_calls(), calls) << "the runtime saw none of these";
   tagmem_tag_stats st{};
-  ASSERT_EQ(tm().tag_stats("rt-scope", 0, &st), TAGMEM_SUCCESS);
+  ASSERT_EQ(tm().tag_stats("rt-scope", 0, &st, sizeof st), TAGMEM_SUCCESS);
   EXPECT_EQ(st.alloc_count, 2u);
   EXPECT_EQ(st.free_count, 2u);
   EXPECT_EQ(st.live_allocations, 0u);

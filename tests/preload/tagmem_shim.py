@@ -55,7 +55,8 @@ class Shim:
         lib.tagmem_status_string.restype = ctypes.c_char_p
         for f in ("tagmem_nccl_pause", "tagmem_nccl_resume"):
             getattr(lib, f).argtypes = [ctypes.c_char_p, ctypes.c_int, ctypes.c_int, ctypes.c_int]
-        lib.tagmem_nccl_stats_get.argtypes = [ctypes.POINTER(NcclStats)]
+        # The _sized entry points, given the size of the structs here (docs/abi.md).
+        lib.tagmem_nccl_stats_get_sized.argtypes = [ctypes.POINTER(NcclStats), ctypes.c_size_t]
         lib.tagmem_offload.argtypes = [ctypes.POINTER(ctypes.c_char_p), ctypes.c_size_t,
                                        ctypes.c_int, ctypes.c_int]
         lib.tagmem_reload.argtypes = [ctypes.POINTER(ctypes.c_char_p), ctypes.c_size_t, ctypes.c_int]
@@ -63,8 +64,8 @@ class Shim:
                                             ctypes.POINTER(ctypes.c_int),
                                             ctypes.POINTER(ctypes.c_void_p),
                                             ctypes.POINTER(ctypes.c_size_t)]
-        lib.tagmem_tag_stats_get.argtypes = [ctypes.c_char_p, ctypes.c_int,
-                                             ctypes.POINTER(TagStats)]
+        lib.tagmem_tag_stats_get_sized.argtypes = [ctypes.c_char_p, ctypes.c_int,
+                                                   ctypes.POINTER(TagStats), ctypes.c_size_t]
 
     def _check(self, status, what):
         if status != TAGMEM_SUCCESS:
@@ -86,7 +87,7 @@ class Shim:
 
     def nccl_stats(self):
         s = NcclStats()
-        self._check(self.lib.tagmem_nccl_stats_get(ctypes.byref(s)), "stats")
+        self._check(self.lib.tagmem_nccl_stats_get_sized(ctypes.byref(s), ctypes.sizeof(s)), "stats")
         return s.as_dict()
 
     def offload(self, tags, device):
@@ -104,6 +105,7 @@ class Shim:
 
     def tag_stats(self, tag, device):
         s = TagStats()
-        self._check(self.lib.tagmem_tag_stats_get(tag.encode(), device, ctypes.byref(s)),
+        self._check(self.lib.tagmem_tag_stats_get_sized(tag.encode(), device, ctypes.byref(s),
+                                                         ctypes.sizeof(s)),
                     "tag stats")
         return {n: getattr(s, n) for n, _ in s._fields_}

@@ -57,7 +57,7 @@ def offences(path):
     """What is wrong with packaged ELF file `path` (an empty list when nothing): a run path is
     "$ORIGIN" and nothing else (an empty entry is the current directory, an absolute one a
     directory of the machine that built it), DT_RUNPATH only (DT_RPATH outranks LD_LIBRARY_PATH),
-    and a file that needs libtagmem.so.0 finds it beside itself."""
+    and a file that needs libtagmem.so.1 finds it beside itself."""
     entries = dynamic_entries(path)
     found = []
     if entries["RPATH"]:
@@ -65,8 +65,8 @@ def offences(path):
     for runpath in entries["RUNPATH"]:
         if runpath != "$ORIGIN":
             found.append(f"run path {runpath!r} (only '$ORIGIN' is allowed)")
-    if "libtagmem.so.0" in entries["NEEDED"] and entries["RUNPATH"] != ["$ORIGIN"]:
-        found.append("needs libtagmem.so.0 but has no run path '$ORIGIN'")
+    if "libtagmem.so.1" in entries["NEEDED"] and entries["RUNPATH"] != ["$ORIGIN"]:
+        found.append("needs libtagmem.so.1 but has no run path '$ORIGIN'")
     return found
 
 

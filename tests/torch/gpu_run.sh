@@ -114,7 +114,7 @@ else  # keep going from the source tree so the other steps still say something
   SUMMARY+=("FAIL     package-$METHOD: see $OUT/package-$METHOD.log")
   FAILED=1
   export PYTHONPATH="$REPO/integrations/torch${PYTHONPATH:+:$PYTHONPATH}"
-  export TAGMEM_LIBRARY="$BUILD/allocator/libtagmem.so.0"
+  export TAGMEM_LIBRARY="$BUILD/allocator/libtagmem.so.1"
   export TAGMEM_PRELOAD_LIBRARY="$BUILD/integrations/preload/libtagmem_preload.so"
   export TAGMEM_TORCH_LIBRARY="$BUILD/integrations/torch/libtagmem_torch_alloc.so"
 fi

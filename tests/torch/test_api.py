@@ -412,7 +412,7 @@ def test_library_in_the_process_wins_over_tagmem_library():
     run = _python(
         "import tagmem; print(tagmem.library_origin()); print(tagmem.library_file())",
         LD_PRELOAD=library,
-        TAGMEM_LIBRARY="/nonexistent/libtagmem.so.0",
+        TAGMEM_LIBRARY="/nonexistent/libtagmem.so.1",
     )
     assert run.returncode == 0, run.stderr
     assert run.stdout.split() == ["process", library]
@@ -422,7 +422,7 @@ def test_a_missing_library_is_a_clear_error():
     run = _python(
         "import tagmem\n"
         "try:\n    tagmem.tags()\nexcept tagmem.LibraryNotFound as e:\n    print('LibraryNotFound', e)",
-        TAGMEM_LIBRARY="/nonexistent/libtagmem.so.0",
+        TAGMEM_LIBRARY="/nonexistent/libtagmem.so.1",
     )
     assert run.returncode == 0, run.stderr
-    assert run.stdout.startswith("LibraryNotFound") and "/nonexistent/libtagmem.so.0" in run.stdout
+    assert run.stdout.startswith("LibraryNotFound") and "/nonexistent/libtagmem.so.1" in run.stdout

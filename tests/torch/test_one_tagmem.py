@@ -38,7 +38,7 @@ def run_child(code, env_changes, cwd):
 
 def test_a_libtagmem_another_module_loaded_privately_is_the_one_used(tmp_path):
     # An extension module that links libtagmem loads it RTLD_LOCAL: invisible to a global lookup.
-    private = tmp_path / "extension" / "libtagmem.so.0"
+    private = tmp_path / "extension" / "libtagmem.so.1"
     private.parent.mkdir()
     shutil.copyfile(tagmem.library_file(), private)
     child = run_child(
@@ -76,4 +76,4 @@ def test_under_the_shim_the_entry_points_map_no_second_libtagmem(tmp_path):
         tmp_path,
     )
     assert child["origin"] == "process", child
-    assert child["copies"] == [], child  # DT_NEEDED libtagmem.so.0 was answered by the shim
+    assert child["copies"] == [], child  # DT_NEEDED libtagmem.so.1 was answered by the shim

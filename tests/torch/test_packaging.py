@@ -43,7 +43,7 @@ def test_every_packaged_library_has_exactly_the_run_path_it_needs(tmp_path):
     lib = staged_package(tmp_path)
     files = list(elf_runpath.elf_files(lib))
     names = {os.path.basename(f) for f in files}
-    assert {"libtagmem.so.0", "libtagmem_torch_alloc.so"} <= names, names
+    assert {"libtagmem.so.1", "libtagmem_torch_alloc.so"} <= names, names
     for path in files:
         assert elf_runpath.offences(path) == [], path
     needs = elf_runpath.dynamic_entries(str(lib / "tagmem" / "lib" / "libtagmem_torch_alloc.so"))

@@ -65,7 +65,7 @@ from ._errors import (
 )
 from ._lib import LibraryNotFound, library_file, origin as library_origin
 
-__version__ = "0.1.0"
+__version__ = "1.0.0"
 
 __all__ = [
     "BACKUP",

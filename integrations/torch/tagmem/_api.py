@@ -49,7 +49,7 @@ def init(chunk_bytes=0, arena_bytes=0, copy_piece_bytes=0, max_mapping_bytes=0, 
     """
     lib = _lib.lib()
     config = _lib.Config()
-    lib.tagmem_config_init(ctypes.byref(config))
+    lib.tagmem_config_init_sized(ctypes.byref(config), ctypes.sizeof(config))
     config.chunk_bytes = _args.size(chunk_bytes, "chunk_bytes")
     config.arena_bytes = _args.size(arena_bytes, "arena_bytes")
     config.copy_piece_bytes = _args.size(copy_piece_bytes, "copy_piece_bytes")
@@ -211,7 +211,11 @@ def host_trim(keep_bytes=0):
 
 def _tag_stats(name, device):
     out = _lib.TagStats()
-    _errors.check(_lib.lib().tagmem_tag_stats_get(_name(name), _device(device), ctypes.byref(out)))
+    _errors.check(
+        _lib.lib().tagmem_tag_stats_get_sized(
+            _name(name), _device(device), ctypes.byref(out), ctypes.sizeof(out)
+        )
+    )
     return out
 
 
@@ -264,7 +268,9 @@ def stats(name=None, device=None):
         return out
     device_stats = _lib.DeviceStats()
     _errors.check(
-        _lib.lib().tagmem_device_stats_get(_device(device), ctypes.byref(device_stats))
+        _lib.lib().tagmem_device_stats_get_sized(
+            _device(device), ctypes.byref(device_stats), ctypes.sizeof(device_stats)
+        )
     )
     out = _as_dict(device_stats)
     out["metadata_heap"] = _lib.lib().tagmem_metadata_heap().decode()

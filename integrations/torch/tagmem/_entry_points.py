@@ -6,7 +6,7 @@ reads the library's failure record. It needs no PyTorch, so it is tested without
 
 The library is looked for in this order: the file named by ``TAGMEM_TORCH_LIBRARY``;
 ``tagmem/lib/`` inside the package; the directory of the libtagmem the package bound; the dynamic
-linker's search path. It links libtagmem.so.0, so loading it reuses the process's copy of tagmem
+linker's search path. It links libtagmem.so.1, so loading it reuses the process's copy of tagmem
 (Note [one tagmem per process] in _lib.py).
 """
 

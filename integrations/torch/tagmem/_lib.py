@@ -5,17 +5,17 @@ order (Note [one tagmem per process]):
 
 1. the process itself, when it already exports ``tagmem_malloc`` (the LD_PRELOAD shim
    libtagmem_preload.so, or a host program linked with libtagmem);
-2. a ``libtagmem.so.0`` loaded already without RTLD_GLOBAL (by an extension module), found by
+2. a ``libtagmem.so.1`` loaded already without RTLD_GLOBAL (by an extension module), found by
    its soname without loading anything;
 3. the file named by the environment variable ``TAGMEM_LIBRARY``;
-4. ``libtagmem.so.0`` inside the package (``tagmem/lib/``, where setup.py copies a build);
-5. ``libtagmem.so.0`` on the dynamic linker's search path (LD_LIBRARY_PATH, ldconfig).
+4. ``libtagmem.so.1`` inside the package (``tagmem/lib/``, where setup.py copies a build);
+5. ``libtagmem.so.1`` on the dynamic linker's search path (LD_LIBRARY_PATH, ldconfig).
 
 Note [one tagmem per process]: tagmem's registry is process state. A second copy of the library
 would hold its own tags, so if the process already has tagmem (the preload shim interposes CUDA
 allocations into *its* copy) the package must use that one, even when TAGMEM_LIBRARY is set.
 The libraries that link libtagmem (libtagmem_torch_alloc.so, libtagmem_libtorch.so) name it by
-its soname, libtagmem.so.0, which is also the preload shim's: under the shim the loader gives
+its soname, libtagmem.so.1, which is also the preload shim's: under the shim the loader gives
 them the shim rather than mapping a second copy.
 
 Every foreign call goes through ctypes.CDLL, which releases the GIL for the call's duration, so an
@@ -94,7 +94,9 @@ _STATUS = ctypes.c_int
 _VOIDP = ctypes.c_void_p
 _NAMES = ctypes.POINTER(ctypes.c_char_p)
 _PROTOTYPES = {
-    "tagmem_config_init": (None, [ctypes.POINTER(Config)]),
+    # The _sized entry points with ctypes.sizeof of the structs above (tagmem.h: the library
+    # reads and writes no byte past the size it is given).
+    "tagmem_config_init_sized": (None, [ctypes.POINTER(Config), _SIZE]),
     "tagmem_init": (_STATUS, [ctypes.POINTER(Config)]),
     "tagmem_shutdown": (_STATUS, []),
     "tagmem_last_error": (ctypes.c_char_p, []),
@@ -128,8 +130,11 @@ _PROTOTYPES = {
     "tagmem_tag_plan_offload": (_STATUS, [ctypes.c_char_p, ctypes.c_int, ctypes.c_int]),
     "tagmem_host_reserve": (_STATUS, [_SIZE, ctypes.c_int]),
     "tagmem_host_trim": (_STATUS, [_SIZE]),
-    "tagmem_tag_stats_get": (_STATUS, [ctypes.c_char_p, ctypes.c_int, ctypes.POINTER(TagStats)]),
-    "tagmem_device_stats_get": (_STATUS, [ctypes.c_int, ctypes.POINTER(DeviceStats)]),
+    "tagmem_tag_stats_get_sized": (
+        _STATUS,
+        [ctypes.c_char_p, ctypes.c_int, ctypes.POINTER(TagStats), _SIZE],
+    ),
+    "tagmem_device_stats_get_sized": (_STATUS, [ctypes.c_int, ctypes.POINTER(DeviceStats), _SIZE]),
     "tagmem_list_tags": (_STATUS, [ctypes.c_int, _VOIDP, _SIZE, ctypes.POINTER(_SIZE)]),
     "tagmem_host_view": (
         _STATUS,
@@ -151,7 +156,7 @@ class LibraryNotFound(OSError):
     """libtagmem could not be found or loaded; the message lists every place tried."""
 
 
-SONAME = "libtagmem.so.0"  # the preload shim's soname too
+SONAME = "libtagmem.so.1"  # the preload shim's soname too
 SHIM_SYMBOL = "tagmem_preload_set_thread_routing"  # exported by libtagmem_preload.so only
 
 
@@ -175,7 +180,7 @@ def _candidates():
     if env:
         yield env, lambda: ctypes.CDLL(env)
         return  # an explicit choice: no silent fallback to another copy
-    here = os.path.join(os.path.dirname(os.path.abspath(__file__)), "lib", "libtagmem.so.0")
+    here = os.path.join(os.path.dirname(os.path.abspath(__file__)), "lib", "libtagmem.so.1")
     if os.path.exists(here):
         yield here, lambda: ctypes.CDLL(here)
     yield SONAME, lambda: ctypes.CDLL(SONAME)
