@@ -1,7 +1,10 @@
 // host_budget.cpp — reads MemAvailable and the memory cgroup limits (Note [host budget]).
 #include "host/host_budget.hpp"
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <array>
 #include <cerrno>
 #include <cstdlib>
 #include <fstream>
@@ -41,15 +44,50 @@ bool parse_limit(const std::string& text, std::size_t* out) {
   return true;
 }
 
-// The value of `key` in a "key value" per line file (memory.stat), or 0.
-std::size_t stat_value(const std::string& path, const char* key) {
+// The values of `keys` in a "key value" per line file (memory.stat); 0 for a key not there.
+template <std::size_t N>
+std::array<std::size_t, N> stat_values(const std::string& path,
+                                       const std::array<const char*, N>& keys) {
+  std::array<std::size_t, N> out{};
   std::ifstream in(path);
   std::string k;
   std::size_t v = 0;
   while (in >> k >> v) {
-    if (k == key) return v;
+    for (std::size_t i = 0; i < N; ++i) {
+      if (keys[i] && k == keys[i]) out[i] = v;
+    }
   }
-  return 0;
+  return out;
+}
+
+// What the kernel's MemAvailable (si_mem_available) counts as reclaimable in `pages` bytes of
+// file cache or reclaimable slab: all of it but the share of the low watermark it would keep,
+// at most half.
+std::size_t reclaimable(std::size_t pages, std::size_t low_share) {
+  return pages - std::min(pages / 2, low_share);
+}
+
+// A cgroup's share of the machine's low watermark: in proportion to its limit (the whole of it
+// when MemTotal is unknown or the limit exceeds it).
+std::size_t low_share(std::size_t low_watermark, std::size_t limit, std::size_t mem_total) {
+  if (mem_total == kUnbounded || mem_total == 0 || limit >= mem_total) return low_watermark;
+  return static_cast<std::size_t>(static_cast<unsigned __int128>(low_watermark) * limit /
+                                  mem_total);
+}
+
+// The sum of every zone's low watermark ("low <pages>" in /proc/zoneinfo), in bytes; 0 when it
+// cannot be read (the reclaimable memory is then not reduced by it).
+std::size_t read_low_watermark(const std::string& path) {
+  std::ifstream in(path);
+  const std::size_t page = static_cast<std::size_t>(sysconf(_SC_PAGESIZE));
+  std::size_t pages = 0;
+  for (std::string line; std::getline(in, line);) {
+    std::istringstream f(line);
+    std::string key;
+    unsigned long long n = 0;
+    if (f >> key >> n && key == "low") pages += static_cast<std::size_t>(n);
+  }
+  return pages > kUnbounded / page ? kUnbounded : pages * page;
 }
 
 // Mountinfo escapes space, tab, newline and backslash as \ooo.
@@ -115,12 +153,16 @@ struct cgroup_files {
   const char* label;  // "cgroup v2"
   const char* limit;
   const char* usage;
-  const char* inactive_key;
+  // memory.stat's keys of the file pages on the active and inactive lists and of reclaimable slab
+  // (nullptr: the version has none).
+  std::array<const char*, 3> reclaimable_keys;
 };
 
 // Takes the free memory of every level from the process's cgroup up to the mount into `m`.
-// Returns whether any level had a limit.
-bool walk(const mount& mnt, std::string path, const cgroup_files& files, host_memory& m) {
+// `low_watermark` is the machine's, in bytes; each level's share of it is in proportion to its
+// limit. Returns whether any level had a limit.
+bool walk(const mount& mnt, std::string path, const cgroup_files& files, std::size_t low_watermark,
+          std::size_t mem_total, host_memory& m) {
   if (mnt.root != "/" && path.compare(0, mnt.root.size(), mnt.root) == 0) {
     path = path.substr(mnt.root.size());
   } else if (mnt.root != "/") {
@@ -136,9 +178,15 @@ bool walk(const mount& mnt, std::string path, const cgroup_files& files, host_me
         read_text(dir + "/" + files.usage, &usage_text) && parse_limit(limit_text, &limit) &&
         parse_count(usage_text, &usage) && limit != kUnbounded) {
       limited = true;
-      std::size_t inactive = stat_value(dir + "/memory.stat", files.inactive_key);
-      std::size_t used = usage - std::min(usage, inactive);
-      std::size_t free = limit - std::min(limit, used);
+      const auto [active, inactive, slab] =
+          stat_values(dir + "/memory.stat", files.reclaimable_keys);
+      const std::size_t share = low_share(low_watermark, limit, mem_total);
+      const std::size_t file = active + std::min(inactive, kUnbounded - active);
+      const std::size_t from_file = std::min(usage, reclaimable(file, share));
+      const std::size_t can_reclaim =
+          from_file + std::min(usage - from_file, reclaimable(slab, share));
+      const std::size_t used = usage - can_reclaim;
+      const std::size_t free = limit - std::min(limit, used);
       if (free < m.available) {
         m.available = free;
         m.limited_by = std::string(files.label) + " " + dir;
@@ -175,16 +223,28 @@ void read_meminfo(const std::string& path, host_memory& m) {
 host_memory read_host_memory(const host_memory_files& files) {
   host_memory m;
   read_meminfo(files.meminfo, m);
+  const std::size_t mem_total = m.total;
   std::string self, mountinfo, path;
   if (!read_text(files.self_cgroup, &self) || !read_text(files.mountinfo, &mountinfo)) return m;
+  const std::size_t low = read_low_watermark(files.zoneinfo);
   mount mnt;
   if (find_mount(mountinfo, "cgroup2", "", &mnt) && cgroup_path(self, "", &path) &&
-      walk(mnt, path, {"cgroup v2", "memory.max", "memory.current", "inactive_file"}, m)) {
+      walk(mnt, path,
+           {"cgroup v2",
+            "memory.max",
+            "memory.current",
+            {"active_file", "inactive_file", "slab_reclaimable"}},
+           low, mem_total, m)) {
     return m;
   }
   if (find_mount(mountinfo, "cgroup", "memory", &mnt) && cgroup_path(self, "memory", &path)) {
+    // v1's memory.stat has no slab; its total_* figures count the hierarchy below each level.
     walk(mnt, path,
-         {"cgroup v1", "memory.limit_in_bytes", "memory.usage_in_bytes", "total_inactive_file"}, m);
+         {"cgroup v1",
+          "memory.limit_in_bytes",
+          "memory.usage_in_bytes",
+          {"total_active_file", "total_inactive_file", nullptr}},
+         low, mem_total, m);
   }
   return m;
 }

@@ -9,14 +9,22 @@
 //   budget   = min(TAGMEM_HOST_MAX_BYTES if set, pinned + headroom)
 //   headroom = min(MemAvailable, free in each memory cgroup from the process's own up to the
 //              root of its hierarchy) - margin, at least 0
-//   free in a cgroup = limit - (usage - inactive file pages)
-//              cgroup v2: memory.max, memory.current, inactive_file of memory.stat;
+//   free in a cgroup = limit - (usage - reclaimable)
+//   reclaimable = file - min(file / 2, low) + slab - min(slab / 2, low), at most usage
+//              file: its file pages, active and inactive; slab: its reclaimable slab;
+//              low: the machine's low watermark (the sum of /proc/zoneinfo's "low" over
+//              zones) times limit / MemTotal
+//              cgroup v2: memory.max, memory.current; active_file, inactive_file and
+//              slab_reclaimable of memory.stat;
 //              cgroup v1 (only where no v2 level has a limit): memory.limit_in_bytes,
-//              memory.usage_in_bytes, total_inactive_file of memory.stat
+//              memory.usage_in_bytes; total_active_file and total_inactive_file of
+//              memory.stat (v1 reports no slab)
 //   margin   = max(64 MiB, total / 32), total = min(MemTotal, the tightest cgroup limit)
 //
-// Inactive file pages are subtracted because the kernel reclaims them before it kills anyone (as
-// MemAvailable does for the machine). The margin leaves room for the rest of the process (its
+// Reclaimable is the kernel's own estimate, the formula of MemAvailable (si_mem_available) for
+// one cgroup: the kernel reclaims file pages, active ones included (a checkpoint read twice is
+// all active), and reclaimable slab before its out-of-memory killer ends anyone in the cgroup,
+// keeping back about its low watermark. The margin leaves room for the rest of the process (its
 // stacks, the driver, Python) to grow after the store did. A source that cannot be read limits
 // nothing; with none readable only TAGMEM_HOST_MAX_BYTES does.
 #pragma once
@@ -32,6 +40,7 @@ struct host_memory_files {
   std::string self_cgroup = "/proc/self/cgroup";
   std::string mountinfo = "/proc/self/mountinfo";
   std::string meminfo = "/proc/meminfo";
+  std::string zoneinfo = "/proc/zoneinfo";
 };
 
 struct host_memory {

@@ -306,7 +306,9 @@ TAGMEM_API tagmem_status tagmem_release_physical(int device);
 /* The host budget: the pinned host store (BACKUP offloads, swaps, reserves) never grows beyond
  *   min(TAGMEM_HOST_MAX_BYTES if set, what it holds + headroom), where
  *   headroom = min(MemAvailable, in each memory cgroup of the process up to its hierarchy's root:
- *              limit - (usage - inactive file pages)) - max(64 MiB, total / 32),
+ *              limit - (usage - what the kernel can reclaim)) - max(64 MiB, total / 32),
+ *   what the kernel can reclaim in a cgroup: its file pages (active and inactive) and reclaimable
+ *              slab, less its share of the low watermark, as MemAvailable counts them,
  *   total    = min(MemTotal, the tightest cgroup limit)
  * (cgroup v2 memory.max / memory.current; cgroup v1 memory.limit_in_bytes / usage_in_bytes where
  * no v2 level has a limit). It is re-read whenever the store grows, and checked before a page is

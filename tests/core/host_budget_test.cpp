@@ -6,9 +6,11 @@
 
 #include <unistd.h>
 
+#include <atomic>
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "test_support.hpp"
@@ -133,7 +135,7 @@ class fake_system {
     std::ofstream(path(rel)) << text;
   }
   host_memory_files files() const {
-    return {path("self_cgroup"), path("mountinfo"), path("meminfo")};
+    return {path("self_cgroup"), path("mountinfo"), path("meminfo"), path("zoneinfo")};
   }
   // meminfo with MemTotal and MemAvailable in MiB.
   void meminfo(std::size_t total_mib, std::size_t available_mib) const {
@@ -176,15 +178,16 @@ TEST(HostBudgetFormula, MemAvailableAloneLessTheMargin) {
   EXPECT_EQ(host_headroom(m), 8ull << 30);
 }
 
-TEST(HostBudgetFormula, CgroupV2LevelsTightestWinsAndInactiveFileCountsAsFree) {
+TEST(HostBudgetFormula, CgroupV2LevelsTightestWinsAndFileCacheCountsAsFree) {
   fake_system f;
   f.meminfo(24 << 10, 20 << 10);
   f.cgroup_v2("/job/step", "/", "cg2");
   f.v2_limit("cg2/job/step", mib(400), 300);
-  f.write("cg2/job/step/memory.stat", "anon 1\ninactive_file " + mib(50) + "\nactive_file 7\n");
+  f.write("cg2/job/step/memory.stat",
+          "anon 1\ninactive_file " + mib(20) + "\nactive_file " + mib(30) + "\n");
   f.v2_limit("cg2/job", "max", 900);
   host_memory m = read_host_memory(f.files());
-  EXPECT_EQ(m.available, 150 * MiB);  // 400 - (300 - 50)
+  EXPECT_EQ(m.available, 150 * MiB);  // 400 - (300 - 20 - 30); no zoneinfo: no watermark
   EXPECT_EQ(m.total, 400 * MiB);
   EXPECT_EQ(m.limited_by, "cgroup v2 " + f.path("cg2/job/step"));
   EXPECT_EQ(host_headroom(m), 86 * MiB);  // margin 64 MiB: 400 MiB / 32 is less
@@ -219,6 +222,98 @@ TEST(HostBudgetFormula, CgroupV1WhenNoV2LevelHasALimit) {
   EXPECT_EQ(m.available, 320 * MiB);
   EXPECT_EQ(m.total, 400 * MiB);
   EXPECT_EQ(m.limited_by, "cgroup v1 " + f.path("memory/ci/job"));
+}
+
+// The machine's low watermark as /proc/zoneinfo gives it, `pages` spread over three zones.
+void zoneinfo(const fake_system& f, std::size_t pages) {
+  const std::size_t a = pages / 3, b = pages / 5;
+  f.write("zoneinfo",
+          "Node 0, zone      DMA\n  pages free     3840\n        min      21\n"
+          "        low      " +
+              std::to_string(a) +
+              "\n        high     40\n"
+              "        protection: (0, 1, 2)\nNode 0, zone    DMA32\n        low      " +
+              std::to_string(b) +
+              "\n      nr_zone_active_file 9999\n"
+              "Node 0, zone   Normal\n        low      " +
+              std::to_string(pages - a - b) + "\n");
+}
+
+// A 2 GiB container whose usage is mostly a checkpoint's file cache, read twice (so all of it is
+// active): the kernel reclaims it before it kills anyone, and so the budget counts it, less the
+// container's share of the low watermark, as MemAvailable does.
+TEST(HostBudgetFormula, ActiveFileCacheAndReclaimableSlabCountLessTheLowWatermarkShare) {
+  fake_system f;
+  f.meminfo(24 << 10, 20 << 10);
+  const std::size_t page = static_cast<std::size_t>(sysconf(_SC_PAGESIZE));
+  zoneinfo(f, 96 * MiB / page);  // 96 MiB; a 2 GiB cgroup of 24 GiB has 8 MiB of it
+  f.cgroup_v2("/ctr", "/", "cg2");
+  f.v2_limit("cg2/ctr", mib(2048), 1946);
+  f.write("cg2/ctr/memory.stat", "anon " + mib(236) + "\nfile " + mib(1700) + "\nactive_file " +
+                                     mib(1700) + "\ninactive_file 0\nslab_reclaimable " + mib(10) +
+                                     "\n");
+  host_memory m = read_host_memory(f.files());
+  // reclaimable = 1700 - min(850, 8) + 10 - min(5, 8) = 1697; free = 2048 - (1946 - 1697)
+  EXPECT_EQ(m.available, 1799 * MiB);
+  EXPECT_EQ(m.limited_by, "cgroup v2 " + f.path("cg2/ctr"));
+  EXPECT_EQ(host_headroom(m), 1735 * MiB);  // margin 64 MiB
+
+  // Little cache: at most half of it is kept back.
+  f.write("cg2/ctr/memory.stat", "active_file " + mib(6) + "\ninactive_file " + mib(4) + "\n");
+  EXPECT_EQ(read_host_memory(f.files()).available, (2048 - 1946 + 5) * MiB);
+
+  // Figures that cannot all be true (cache beyond usage, a watermark beyond memory) never wrap.
+  f.write("cg2/ctr/memory.stat", "active_file 18446744073709551615\ninactive_file " + mib(9) +
+                                     "\nslab_reclaimable 18446744073709551615\n");
+  zoneinfo(f, SIZE_MAX / page);
+  m = read_host_memory(f.files());
+  EXPECT_LE(m.available, 2048 * MiB);
+  EXPECT_GE(m.available, (2048 - 1946) * MiB);
+}
+
+TEST(HostBudgetFormula, CgroupV1CountsActiveFileCache) {
+  fake_system f;
+  f.meminfo(16 << 10, 12 << 10);
+  const std::size_t page = static_cast<std::size_t>(sysconf(_SC_PAGESIZE));
+  zoneinfo(f, 64 * MiB / page);  // a 1 GiB cgroup of 16 GiB has 4 MiB of it
+  f.write("self_cgroup", "4:memory:/ci/job\n0::/\n");
+  f.write("mountinfo", f.mount_line(30, "/", "unified", "cgroup2", "rw") +
+                           f.mount_line(35, "/", "memory", "cgroup", "rw,memory"));
+  f.write("memory/ci/job/memory.limit_in_bytes", mib(1024) + "\n");
+  f.write("memory/ci/job/memory.usage_in_bytes", mib(1000) + "\n");
+  f.write("memory/ci/job/memory.stat", "active_file 1\ntotal_active_file " + mib(700) +
+                                           "\ntotal_inactive_file " + mib(100) + "\n");
+  host_memory m = read_host_memory(f.files());
+  EXPECT_EQ(m.available, (1024 - (1000 - 796)) * MiB);  // 800 less the 4 MiB share
+  EXPECT_EQ(m.limited_by, "cgroup v1 " + f.path("memory/ci/job"));
+}
+
+// The budget read (tagmem_device_stats_get, which reads the cgroup and /proc files) while another
+// thread grows the store: every read sees a budget that covers what is pinned and a store that
+// only grew. Its suite is named Threads* so that the TSan run (tests/sanitizers.sh) includes it.
+class ThreadsHostBudget : public tagmem_test {};
+
+TEST_F(ThreadsHostBudget, ReadWhileTheStoreGrows) {
+  restart_with_env("TAGMEM_HOST_SLAB_BYTES", "2M");
+  std::atomic<bool> done{false};
+  std::thread grower([&] {
+    for (std::size_t mib = 2; mib <= 48; mib += 2) {
+      EXPECT_EQ(tagmem_host_reserve(mib * MiB, 1), TAGMEM_SUCCESS) << tagmem_last_error();
+    }
+    done = true;
+  });
+  std::size_t reads = 0, last_pinned = 0;
+  while (!done || reads < 4) {
+    tagmem_device_stats s{};
+    ASSERT_EQ(tagmem_device_stats_get(0, &s), TAGMEM_SUCCESS) << tagmem_last_error();
+    EXPECT_GE(s.host_budget_bytes, s.host_pinned_bytes);
+    EXPECT_GE(s.host_pinned_bytes, last_pinned);
+    EXPECT_GE(s.host_pinned_high_water, s.host_pinned_bytes);
+    last_pinned = s.host_pinned_bytes;
+    ++reads;
+  }
+  grower.join();
+  EXPECT_EQ(device_stats().host_pinned_bytes, 48 * MiB);
 }
 
 TEST(HostBudgetFormula, ContainerMountOfItsOwnCgroup) {

@@ -1,13 +1,17 @@
-/* host_budget_probe.c — a BACKUP offload that does not fit in the host memory the process may
- * still use, run by host_budget_cgroup.sh inside a memory cgroup smaller than tag plus backup.
+/* host_budget_probe.c — a BACKUP offload measured against the host memory the process may still
+ * use, run by host_budget_cgroup.sh inside a memory cgroup.
  *
- *   tagmem_host_budget_probe <MiB> <small MiB>
+ *   tagmem_host_budget_probe <MiB> <small MiB>    (a cgroup smaller than tag plus backup)
+ *   tagmem_host_budget_probe <MiB> fits           (a cgroup where both fit once the kernel
+ *                                                  reclaims its file cache)
  *
- * Fills a tag of <MiB> with seeded pseudo-random bytes and offloads it with BACKUP: the pinned
- * host store cannot grow by <MiB> inside the cgroup, so the offload must fail with
+ * Fills a tag of <MiB> with seeded pseudo-random bytes and offloads it with BACKUP. In the first
+ * form the pinned host store cannot grow by <MiB> inside the cgroup, so the offload must fail with
  * TAGMEM_ERROR_HOST_OUT_OF_MEMORY (not be killed by the kernel), and the tag must stay resident
- * with every byte as written. Then a tag of <small MiB> must offload and reload intact. Exit
- * status: 0 when all of that holds, 1 when the large offload succeeded, 2 for any other failure.
+ * with every byte as written; then a tag of <small MiB> must offload and reload intact. In the
+ * second form the offload must succeed (the budget counts the cache the kernel reclaims, Note
+ * [host budget]) and the reload must restore every byte. Exit status: 0 when all of that holds,
+ * 1 when the large offload went the other way, 2 for any other failure.
  * The bytes are checked through the CUDA driver that tagmem loaded (TAGMEM_LIBCUDA). Written in
  * C against the shared libtagmem, as an application would be. */
 #include <cuda.h>
@@ -83,11 +87,13 @@ static int bind_driver(void) {
 }
 
 int main(int argc, char** argv) {
-  if (argc != 3 || atoi(argv[1]) <= 0 || atoi(argv[2]) <= 0) {
-    fprintf(stderr, "usage: %s <MiB> <small MiB>\n", argv[0]);
+  const int fits = argc == 3 && strcmp(argv[2], "fits") == 0;
+  if (argc != 3 || atoi(argv[1]) <= 0 || (!fits && atoi(argv[2]) <= 0)) {
+    fprintf(stderr, "usage: %s <MiB> <small MiB> | %s <MiB> fits\n", argv[0], argv[0]);
     return 2;
   }
-  const size_t big = (size_t)atoi(argv[1]) << 20, small = (size_t)atoi(argv[2]) << 20;
+  const size_t big = (size_t)atoi(argv[1]) << 20;
+  const size_t small = fits ? 0 : (size_t)atoi(argv[2]) << 20;
   const uint64_t seed = ((uint64_t)time(NULL) << 20) ^ (uint64_t)getpid();
   unsigned char* want = malloc(PIECE);
   unsigned char* got = malloc(PIECE);
@@ -103,6 +109,17 @@ int main(int argc, char** argv) {
     return 2;
   const char* big_tag[] = {"big"};
   tagmem_status s = tagmem_offload(big_tag, 1, 0, TAGMEM_BACKUP);
+  if (fits) {
+    if (s != TAGMEM_SUCCESS) {
+      fprintf(stderr, "host_budget_probe: a %zu MiB BACKUP offload failed: %s: %s\n", big >> 20,
+              tagmem_status_string(s), tagmem_last_error());
+      return s == TAGMEM_ERROR_HOST_OUT_OF_MEMORY ? 1 : 2;
+    }
+    if (!ok(tagmem_reload(big_tag, 1, 0), "tagmem_reload big")) return 2;
+    long long wrong = pass(p, big, seed, 1, want, got);
+    printf("a %zu MiB BACKUP offload and reload: %lld bytes differ\n", big >> 20, wrong);
+    return wrong == 0 && ok(tagmem_shutdown(), "tagmem_shutdown") ? 0 : 2;
+  }
   if (s == TAGMEM_SUCCESS) {
     fprintf(stderr, "host_budget_probe: a %zu MiB BACKUP offload succeeded\n", big >> 20);
     return 1;
