@@ -53,8 +53,8 @@ struct api {
   decltype(&::tagmem_pointer_info) info = shim_fn<decltype(info)>("tagmem_pointer_info");
   decltype(&::tagmem_offload) offload = shim_fn<decltype(offload)>("tagmem_offload");
   decltype(&::tagmem_reload) reload = shim_fn<decltype(reload)>("tagmem_reload");
-  decltype(&::tagmem_tag_stats_get) tag_stats =
-      shim_fn<decltype(tag_stats)>("tagmem_tag_stats_get");
+  decltype(&::tagmem_tag_stats_get_sized) tag_stats =
+      shim_fn<decltype(tag_stats)>("tagmem_tag_stats_get_sized");
   decltype(&::tagmem_last_error) last_error = shim_fn<decltype(last_error)>("tagmem_last_error");
   decltype(&::tagmem_preload_set_thread_routing) route =
       shim_fn<decltype(route)>("tagmem_preload_set_thread_routing");
@@ -113,7 +113,7 @@ class caller {
     EXPECT_EQ(nccl().cuStreamSynchronize(stream_), CUDA_SUCCESS);
     EXPECT_EQ(nccl().cuStreamDestroy(stream_), CUDA_SUCCESS);
     tagmem_tag_stats st{};
-    if (tm().tag_stats(tag_.c_str(), 0, &st) == TAGMEM_SUCCESS) {
+    if (tm().tag_stats(tag_.c_str(), 0, &st, sizeof st) == TAGMEM_SUCCESS) {
       EXPECT_EQ(st.live_allocations, 0u) << tag_;
     }
   }

@@ -82,9 +82,9 @@ void check_rest(std::vector<allocation>& all, std::size_t freed_by_destructor) {
     EXPECT_EQ(read_bytes(view(all[i]), 0, all[i].bytes.size()), all[i].bytes) << i;
     EXPECT_EQ(cudaFree(all[i].ptr), 0);
   }
-  auto stats = api<decltype(&::tagmem_tag_stats_get)>("tagmem_tag_stats_get");
+  auto stats = api<decltype(&::tagmem_tag_stats_get_sized)>("tagmem_tag_stats_get_sized");
   tagmem_tag_stats st{};
-  ASSERT_EQ(stats("shim-exit", 0, &st), TAGMEM_SUCCESS);
+  ASSERT_EQ(stats("shim-exit", 0, &st, sizeof st), TAGMEM_SUCCESS);
   EXPECT_EQ(st.allocated_bytes, 0u);
 }
 
