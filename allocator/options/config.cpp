@@ -67,6 +67,11 @@ config make_config(const tagmem_config* user) {
   c.recycle = static_cast<recycling>(option_choice(option::RECYCLE_PHYSICAL));
   c.pin_ahead = option_choice(option::PIN_AHEAD) == 0;
   c.copy_kernel = static_cast<copy_kernel_use>(option_choice(option::COPY_KERNEL));
+  c.handoff = option_choice(option::HANDOFF) == 1;
+  c.handoff_after_offload = option_choice(option::HANDOFF_ANNOUNCE) == 0;
+  c.handoff_wait_ms = static_cast<int>(option_number(option::HANDOFF_WAIT_MS));
+  c.handoff_hold_ms = static_cast<int>(option_number(option::HANDOFF_HOLD_MS));
+  c.handoff_timeout_ms = static_cast<int>(option_number(option::HANDOFF_TIMEOUT_MS));
   check_field(chunk, option::CHUNK_BYTES, c.chunk_bytes);
   check_field(arena, option::ARENA_BYTES, c.arena_bytes);
   TAGMEM_EXPECTS(c.arena_bytes >= c.chunk_bytes, TAGMEM_ERROR_INVALID_ARGUMENT,

@@ -34,6 +34,12 @@ struct config {
   bool pin_ahead = true;  // Note [pin ahead] in background_pinning.hpp
   copy_kernel_use copy_kernel = copy_kernel_use::after_release;
   metadata_allocator metadata = metadata_allocator::mimalloc;
+  // Handoff between processes of one job (Note [handoff] in handoff/service.hpp).
+  bool handoff = false;
+  bool handoff_after_offload = true;  // TAGMEM_HANDOFF_ANNOUNCE=after_offload
+  int handoff_wait_ms = 0;
+  int handoff_hold_ms = 0;
+  int handoff_timeout_ms = 0;
 };
 
 // Builds the configuration; throws INVALID_ARGUMENT on a bad value.

@@ -17,6 +17,7 @@
 
 #include "base/error.hpp"
 #include "options/options.hpp"
+#include "peers/job_identity.hpp"
 #include "peers/private_dir.hpp"
 #include "peers/rendezvous_point.hpp"
 
@@ -29,11 +30,6 @@ bool valid_group_name(const std::string& s) {
     return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' ||
            c == '_' || c == '-';
   });
-}
-
-bool valid_job(const std::string& s) {
-  if (s.empty() || s.size() > 256) return false;
-  return std::all_of(s.begin(), s.end(), [](char c) { return c > ' ' && c < 0x7f; });
 }
 
 const char* env(const char* name) {
@@ -49,32 +45,6 @@ int env_int(const char* name, int fallback) {
   TAGMEM_EXPECTS(end && *end == '\0' && x >= -1 && x <= 1 << 30, TAGMEM_ERROR_INVALID_ARGUMENT,
                  std::string(name) + "='" + v + "' is not a number");
   return static_cast<int>(x);
-}
-
-// The job's identity and the setting it came from (Note: a launcher's run id is the same in
-// every process of one run, a restart included, and differs between runs).
-std::string job_identity() {
-  std::string job, from;
-  if (const char* j = option_env(option::NCCL_JOB)) {
-    job = j;
-    from = "TAGMEM_NCCL_JOB";
-  } else if (const char* id = env("TORCHELASTIC_RUN_ID"); id && std::strcmp(id, "none") != 0) {
-    job = std::string("torchrun:") + id;
-    from = "TORCHELASTIC_RUN_ID";
-  } else if (const char* slurm = env("SLURM_JOB_ID")) {
-    job = std::string("slurm:") + slurm;
-    if (const char* step = env("SLURM_STEP_ID")) job += std::string(".") + step;
-    from = "SLURM_JOB_ID";
-  } else {
-    fail(TAGMEM_ERROR_INVALID_ARGUMENT,
-         "no job identity for the NCCL rendezvous: set TAGMEM_NCCL_JOB to a value unique to this "
-         "job and the same in all of its processes (torchrun sets TORCHELASTIC_RUN_ID, Slurm "
-         "SLURM_JOB_ID; neither is set, or torchrun's is 'none')");
-  }
-  TAGMEM_EXPECTS(
-      valid_job(job), TAGMEM_ERROR_INVALID_ARGUMENT,
-      "the job identity from " + from + " must be 1-256 printable characters without spaces");
-  return job;
 }
 
 }  // namespace

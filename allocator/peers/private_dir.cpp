@@ -26,7 +26,8 @@ bool set(const char* name) {
 // Runs when the shim loads, before the program's main and before any thread of it exists (so
 // setenv is safe here), and before a launcher copies its environment for the ranks it starts.
 __attribute__((constructor)) void choose_job_directory() {
-  if (option_env(option::NCCL_DIR) || set("XDG_RUNTIME_DIR")) return;
+  if (option_env(option::PEER_DIR) || option_env(option::NCCL_DIR) || set("XDG_RUNTIME_DIR"))
+    return;
   unsigned char random[16];
   if (::getrandom(random, sizeof random, 0) != static_cast<ssize_t>(sizeof random)) return;
   const char* tmp = std::getenv("TMPDIR");
@@ -42,7 +43,7 @@ __attribute__((constructor)) void choose_job_directory() {
 
 [[noreturn]] void refuse(const std::string& path, const std::string& why) {
   fail(TAGMEM_ERROR_PEER, "the rendezvous directory '" + path + "' " + why +
-                              "; remove it or set TAGMEM_NCCL_DIR to a private directory");
+                              "; remove it or set TAGMEM_PEER_DIR to a private directory");
 }
 
 }  // namespace
@@ -51,18 +52,20 @@ bool private_dir_chosen_here() { return g_chosen_by != 0 && g_chosen_by == ::get
 
 std::string private_dir() {
   std::string path;
-  if (const char* dir = option_env(option::NCCL_DIR)) {
+  if (const char* dir = option_env(option::PEER_DIR)) {
     path = dir;
+  } else if (const char* nccl = option_env(option::NCCL_DIR)) {
+    path = nccl;
   } else if (set("XDG_RUNTIME_DIR")) {
     path = std::string(std::getenv("XDG_RUNTIME_DIR")) + "/tagmem";
   } else {
     fail(TAGMEM_ERROR_INVALID_ARGUMENT,
-         "no rendezvous directory: set TAGMEM_NCCL_DIR to a directory private to this user and "
+         "no rendezvous directory: set TAGMEM_PEER_DIR to a directory private to this user and "
          "shared by the job's processes (or XDG_RUNTIME_DIR)");
   }
   if (::mkdir(path.c_str(), 0700) != 0 && errno != EEXIST) {
     fail(TAGMEM_ERROR_PEER, "cannot create the rendezvous directory '" + path +
-                                "': " + std::strerror(errno) + " (set TAGMEM_NCCL_DIR)");
+                                "': " + std::strerror(errno) + " (set TAGMEM_PEER_DIR)");
   }
   struct stat st {};
   if (::lstat(path.c_str(), &st) != 0) {

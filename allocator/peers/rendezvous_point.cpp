@@ -14,21 +14,11 @@
 #include <cstring>
 
 #include "base/error.hpp"
+#include "peers/job_identity.hpp"
 #include "peers/private_dir.hpp"
 
 namespace tagmem::peers {
 namespace {
-
-std::string hash_hex(const std::string& s) {
-  std::uint64_t h = 0xcbf29ce484222325ull;  // FNV-1a
-  for (unsigned char c : s) {
-    h ^= c;
-    h *= 0x100000001b3ull;
-  }
-  char hex[17];
-  std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(h));
-  return hex;
-}
 
 // Holds the lock at `path` and returns its fd; throws PEER if a live process holds it.
 int take_lock(const std::string& path, const std::string& who) {
