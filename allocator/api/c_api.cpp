@@ -6,6 +6,7 @@
 // configuration) and destroyed by tagmem_shutdown, which waits for every hold. In a child
 // forked after tagmem started, both refuse before touching anything (Note [fork]). The external
 // tag (external_tag.hpp) is listed and counted beside the registry's tags.
+#include <algorithm>
 #include <atomic>
 #include <cstring>
 #include <mutex>
@@ -280,6 +281,54 @@ tagmem_status tagmem_release_physical(int device) {
     tagmem::device& d = r.dev(r.resolve_device(device));
     context_guard guard(d.context());  // parked mappings are unmapped first
     d.recycler().release_all(d.releases());
+    if (peer_memory* p = d.peers()) p->release_unfit(0);  // received, not mapped
+  });
+}
+
+namespace {
+
+handoff::service& handoff_of(registry& r, int device) {
+  handoff::service* h = r.handoff(r.resolve_device(device));
+  TAGMEM_EXPECTS(h, TAGMEM_ERROR_INVALID_ARGUMENT,
+                 "handoff is off on device " + std::to_string(device) +
+                     " (set TAGMEM_HANDOFF=on; a device that cannot export POSIX-fd handles has "
+                     "none)");
+  return *h;
+}
+
+}  // namespace
+
+tagmem_status tagmem_handoff_expect(int device, size_t bytes) {
+  return guarded([&](registry& r) { handoff_of(r, device).expect(bytes); });
+}
+
+tagmem_status tagmem_handoff_cancel(int device) {
+  return guarded([&](registry& r) { handoff_of(r, device).cancel(); });
+}
+
+tagmem_status tagmem_handoff_stats_get(int device, tagmem_handoff_stats* out) {
+  return guarded([&](registry& r) {
+    expect_non_null(out, "out");
+    TAGMEM_EXPECTS(out->struct_size >= sizeof(size_t) && out->struct_size <= (1u << 20),
+                   TAGMEM_ERROR_INVALID_ARGUMENT,
+                   "tagmem_handoff_stats.struct_size is not set (sizeof the struct)");
+    handoff::service& h = handoff_of(r, device);
+    const handoff::counters& c = h.stats();
+    tagmem_handoff_stats s{};
+    s.struct_size = std::min<size_t>(out->struct_size, sizeof s);
+    s.given_bytes = c.given_bytes;
+    s.given_handles = c.given_handles;
+    s.received_bytes = c.received_bytes;
+    s.received_handles = c.received_handles;
+    s.mapped_received_bytes = c.mapped_received_bytes;
+    s.returned_bytes = c.returned_bytes;
+    s.held_bytes = h.held_bytes();
+    s.refused_peers = c.refused_peers;
+    s.reload_waits = c.reload_waits;
+    s.reload_wait_timeouts = c.reload_wait_timeouts;
+    s.reload_wait_ns = c.reload_wait_ns;
+    s.listening = h.listening() ? 1 : 0;
+    std::memcpy(out, &s, s.struct_size);  // an older caller's struct gets its prefix
   });
 }
 
@@ -338,6 +387,7 @@ tagmem_status tagmem_device_stats_get_sized(int device, tagmem_device_stats* out
     }
     r.dev(d).memory_info(&s.device_free_bytes, &s.device_total_bytes);
     s.release_pending_bytes = r.dev(d).releases().pending_bytes() + r.dev(d).recycler().bytes();
+    if (peer_memory* p = r.dev(d).peers()) s.release_pending_bytes += p->held().bytes();
     host_store_stats hs = r.store().stats();
     s.host_pinned_bytes = hs.pinned_bytes;
     s.host_pinned_high_water = hs.high_water;

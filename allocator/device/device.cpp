@@ -1,8 +1,9 @@
 // device.cpp — per-device context, properties, copy streams and events (see device.hpp).
 #include "device/device.hpp"
 
-#include "driver/driver.hpp"
 #include "device/release_clock.hpp"
+#include "driver/driver.hpp"
+#include "observe/log.hpp"
 
 namespace tagmem {
 
@@ -25,6 +26,20 @@ device::device(int ordinal, const config& cfg) : ordinal_(ordinal), kernel_use_(
     prop_.type = CU_MEM_ALLOCATION_TYPE_PINNED;
     prop_.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
     prop_.location.id = ordinal;
+    TAGMEM_CU(cuDeviceGetUuid, &uuid_, dev_);
+    if (cfg.handoff) {
+      int fds = 0;
+      TAGMEM_CU(cuDeviceGetAttribute, &fds,
+                CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED, dev_);
+      exports_handles_ = fds != 0;
+      if (exports_handles_) {
+        prop_.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+      } else {
+        if (logging(log_level::info)) {
+          log_line("handoff off device=" + std::to_string(ordinal) + " reason=no-posix-fd-handles");
+        }
+      }
+    }
     TAGMEM_CU(cuMemGetAllocationGranularity, &granularity_, &prop_,
               CU_MEM_ALLOC_GRANULARITY_RECOMMENDED);
     TAGMEM_EXPECTS(cfg.chunk_bytes % granularity_ == 0, TAGMEM_ERROR_INVALID_ARGUMENT,

@@ -12,12 +12,13 @@
 #include <cstddef>
 #include <mutex>
 
-#include "options/config.hpp"
-#include "driver/context_guard.hpp"
 #include "device/kernel_copy.hpp"
-#include "host/metadata_heap.hpp"
+#include "device/physical_flow.hpp"
 #include "device/physical_recycler.hpp"
 #include "device/release_queue.hpp"
+#include "driver/context_guard.hpp"
+#include "host/metadata_heap.hpp"
+#include "options/config.hpp"
 
 namespace tagmem {
 
@@ -34,6 +35,12 @@ class device {
   std::size_t total_bytes() const noexcept { return total_bytes_; }
   const CUmemAllocationProp& allocation_prop() const noexcept { return prop_; }
   const CUmemAccessDesc& access_desc() const noexcept { return access_; }
+  // The GPU's UUID (a MIG instance has its own): what processes compare to know they share a GPU,
+  // since ordinals depend on each process's CUDA_VISIBLE_DEVICES.
+  const CUuuid& uuid() const noexcept { return uuid_; }
+  // With TAGMEM_HANDOFF=on and a device that exports POSIX-fd handles: every cuMemCreate makes
+  // exportable handles (Note [handoff] in handoff/service.hpp).
+  bool exports_handles() const noexcept { return exports_handles_; }
 
   // Copy streams, `copy_streams` per direction (non-blocking, so the legacy default stream does
   // not serialise them with the application's work).
@@ -68,6 +75,10 @@ class device {
   release_queue& releases() noexcept { return releases_; }
   // Unmapped physical memory kept to be mapped again (Note [physical recycling]).
   physical_recycler& recycler() noexcept { return recycler_; }
+  // The processes of the job that memory may go to and come from (Note [handoff] in
+  // handoff/service.hpp); null without handoff. Set once, before any tag of the device exists.
+  peer_memory* peers() noexcept { return peers_; }
+  void set_peers(peer_memory* p) noexcept { peers_ = p; }
 
  private:
   template <class Use>
@@ -80,6 +91,9 @@ class device {
   std::size_t total_bytes_ = 0;
   CUmemAllocationProp prop_{};
   CUmemAccessDesc access_{};
+  CUuuid uuid_{};
+  bool exports_handles_ = false;
+  peer_memory* peers_ = nullptr;
   meta_vector<CUstream> d2h_, h2d_;
   copy_kernel_use kernel_use_;
   kernel_copy kernel_;

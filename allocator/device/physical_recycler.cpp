@@ -2,10 +2,11 @@
 // recycling] in physical_recycler.hpp).
 #include "device/physical_recycler.hpp"
 
-#include "device/device.hpp"
-#include "driver/driver.hpp"
 #include "base/error.hpp"
+#include "device/device.hpp"
+#include "device/physical_flow.hpp"
 #include "device/release_clock.hpp"
+#include "driver/driver.hpp"
 
 namespace tagmem {
 
@@ -181,11 +182,16 @@ std::size_t physical_recycler::parked_bytes() const noexcept {
 namespace {
 
 // cuMemCreate of `bytes`; when the device is out of memory, kept handles and pending releases go
-// back to the driver first and it tries once more.
-CUmemGenericAllocationHandle create(device& dev, std::size_t bytes) {
+// back to the driver first and it tries once more. So do received handles, unless the caller maps
+// from them (`keep_held`: a reload, whose later runs may still use them).
+CUmemGenericAllocationHandle create(device& dev, std::size_t bytes, bool keep_held) {
   const auto& api = driver::api();
   CUmemGenericAllocationHandle handle = 0;
   CUresult r = api.cuMemCreate(&handle, bytes, &dev.allocation_prop(), 0);
+  if (r == CUDA_ERROR_OUT_OF_MEMORY && !keep_held && dev.peers() &&
+      dev.peers()->held().bytes() != 0) {
+    dev.peers()->release_unfit(0);  // to the release queue, drained below
+  }
   if (r == CUDA_ERROR_OUT_OF_MEMORY &&
       (dev.recycler().bytes() != 0 || dev.releases().pending_bytes() != 0)) {
     dev.recycler().release_now(bytes);
@@ -207,11 +213,20 @@ void dispose(device& dev, const physical_part& p, bool recycle) noexcept {
 
 }  // namespace
 
-meta_vector<physical_part> map_parts(device& dev, CUdeviceptr va, std::size_t bytes, bool recycle) {
+meta_vector<physical_part> map_parts(device& dev, CUdeviceptr va, std::size_t bytes, bool recycle,
+                                     physical_source* from) {
   const auto& api = driver::api();
   meta_vector<physical_part> parts;
   parts.reserve(1);
   if (recycle) dev.recycler().take_up_to(bytes, parts);
+  std::size_t received = 0;  // bytes taken from `from`
+  if (from) {
+    std::size_t covered = 0;
+    for (const physical_part& p : parts) covered += p.size;
+    const std::size_t before = parts.size();
+    if (covered < bytes) from->take_up_to(bytes - covered, parts);
+    for (std::size_t i = before; i < parts.size(); ++i) received += parts[i].size;
+  }
   std::size_t mapped = 0, at = 0;  // parts [0, mapped) are mapped, over [va, va + at)
   std::size_t taken = parts.size();
   auto undo = [&] {
@@ -223,7 +238,7 @@ meta_vector<physical_part> map_parts(device& dev, CUdeviceptr va, std::size_t by
     for (const physical_part& p : parts) covered += p.size;
     if (covered < bytes) {
       parts.reserve(parts.size() + 1);
-      parts.push_back({create(dev, bytes - covered), bytes - covered});
+      parts.push_back({create(dev, bytes - covered, from != nullptr), bytes - covered});
     }
     for (; mapped < parts.size(); ++mapped) {
       CUresult r = api.cuMemMap(va + at, parts[mapped].size, 0, parts[mapped].handle, 0);
@@ -236,6 +251,7 @@ meta_vector<physical_part> map_parts(device& dev, CUdeviceptr va, std::size_t by
     undo();
     throw;
   }
+  if (received) from->mapped(received);
   return parts;
 }
 

@@ -101,12 +101,17 @@ class physical_recycler {
   std::size_t parked_bytes_ = 0;
 };
 
-// Backs [va, va + bytes) with physical memory: kept handles first when `recycle`, one new
-// handle for the rest, mapped side by side and given access with one call. When cuMemCreate runs
-// out of memory it releases kept handles and pending releases (Note [background release]) and
-// tries again. On failure nothing stays mapped or created, taken handles go back to the
-// recycler, and the error is thrown. Needs the device's context current.
-meta_vector<physical_part> map_parts(device& dev, CUdeviceptr va, std::size_t bytes, bool recycle);
+class physical_source;
+
+// Backs [va, va + bytes) with physical memory: kept handles first when `recycle`, then handles
+// from `from` (received from the job's other processes, Note [handoff] in handoff/service.hpp),
+// one new handle for the rest, mapped side by side and given access with one call. When
+// cuMemCreate runs out of memory it releases kept handles and pending releases (Note [background
+// release]), and without `from` also the received handles held, and tries again. On failure
+// nothing stays mapped or created, taken handles go to the recycler, and the error is thrown.
+// Needs the device's context current.
+meta_vector<physical_part> map_parts(device& dev, CUdeviceptr va, std::size_t bytes, bool recycle,
+                                     physical_source* from = nullptr);
 
 // Unmaps [va, va + bytes) and disposes of its handles: kept by the recycler when `recycle`,
 // else released (a handle whose release fails goes to the release queue). Never throws: if the

@@ -11,11 +11,11 @@
 // nothing.
 #include "device/vm_arena.hpp"
 
-#include "device/address_index.hpp"
-#include "host/background_pinning.hpp"
 #include "base/byte_math.hpp"
-#include "driver/driver.hpp"
+#include "device/address_index.hpp"
 #include "device/release_clock.hpp"
+#include "driver/driver.hpp"
+#include "host/background_pinning.hpp"
 
 namespace tagmem {
 
@@ -113,10 +113,13 @@ void vm_arena::map_new(CUdeviceptr va, std::size_t bytes, bool recycle) {
   if (pins_ahead_) note_backup_growth();  // Note [pin ahead]
 }
 
-void vm_arena::unmap(CUdeviceptr va, unmapped_memory then) {
+void vm_arena::unmap(CUdeviceptr va, unmapped_memory then, physical_sink* give_to) {
   auto it = mappings_.find(va);
   TAGMEM_ASSERT(it != mappings_.end() && it->second.resident);
   mapping& m = it->second;
+  if (then == unmapped_memory::park && give_to && give_to->wants(m.size)) {
+    then = unmapped_memory::recycle;  // a process waiting for memory beats parking it here
+  }
   if (then == unmapped_memory::park) {
     if (dev_.recycler().park(va, m.size, m.parts)) {  // Note [parked mappings]
       m.resident = false;
@@ -137,6 +140,7 @@ void vm_arena::unmap(CUdeviceptr va, unmapped_memory then) {
   parts.swap(m.parts);
   CUresult first = CUDA_SUCCESS;
   for (const physical_part& p : parts) {
+    if (give_to && give_to->offer(p)) continue;
     if (then == unmapped_memory::recycle && dev_.recycler().put(p)) continue;
     if (then == unmapped_memory::release_in_background) {
       try {

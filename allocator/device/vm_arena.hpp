@@ -16,8 +16,8 @@
 #include <cstddef>
 
 #include "device/device.hpp"
-#include "host/metadata_heap.hpp"
 #include "device/physical_recycler.hpp"
+#include "host/metadata_heap.hpp"
 
 namespace tagmem {
 
@@ -56,7 +56,11 @@ class vm_arena {
   // Unmaps the resident mapping at `va` and disposes of its memory as `then` says; the record
   // stays, not resident. Throws with nothing changed if cuMemUnmap fails. If only cuMemRelease
   // fails, the mapping is gone (not resident) and the error is thrown; see Note [release later].
-  void unmap(CUdeviceptr va, unmapped_memory then = unmapped_memory::release);
+  // With `give_to`, each unmapped handle is offered to it first and only the ones it refuses are
+  // disposed of as `then` says; a mapping it wants is unmapped rather than parked (Note [handoff]
+  // in handoff/service.hpp).
+  void unmap(CUdeviceptr va, unmapped_memory then = unmapped_memory::release,
+             physical_sink* give_to = nullptr);
   // Releases handles whose cuMemRelease failed earlier and that the release queue could not take
   // (Note [release later]); keeps those that fail again.
   void release_unreleased() noexcept;

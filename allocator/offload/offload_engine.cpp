@@ -39,14 +39,15 @@
 #include "offload/offload_engine.hpp"
 
 #include <algorithm>
+#include <chrono>
 #include <exception>
 
+#include "driver/driver.hpp"
+#include "observe/trace.hpp"
+#include "offload/phase_report.hpp"
+#include "offload/transfer_plan.hpp"
 #include "tags/backup_retention.hpp"
 #include "transfer/copy_queue.hpp"
-#include "driver/driver.hpp"
-#include "offload/phase_report.hpp"
-#include "observe/trace.hpp"
-#include "offload/transfer_plan.hpp"
 
 namespace tagmem {
 namespace {
@@ -62,6 +63,7 @@ class pipeline {
   pipeline(const pipeline&) = delete;
   pipeline& operator=(const pipeline&) = delete;
 
+  ~pipeline();
   void run(tag* const* outs, std::size_t out_count, tag* const* ins, std::size_t in_count);
 
  private:
@@ -79,6 +81,8 @@ class pipeline {
   void commit(outgoing& o);
   void restore_outs() noexcept;
 
+  void announce_reload() noexcept;
+  void open_sink() noexcept;
   bool map_next();
   void reclaim_parked(incoming& in);
   void queue_in_copies(incoming& in, CUdeviceptr mapped_end);
@@ -98,6 +102,15 @@ class pipeline {
   std::exception_ptr in_error_;
   copy_queue copies_;
   unmapped_memory out_memory_ = unmapped_memory::release;  // what the out-side's unmaps do
+  physical_sink* sink_ = nullptr;  // the job's processes that take what it unmaps (Note [handoff])
+  bool announced_ = false;         // told peers of a reload
+  // Note [reload waits for peers]: the reload ran out of device memory and waits, until
+  // wait_until_, for memory the job's processes give back.
+  bool short_ = false;
+  bool waiting_ = false;
+  std::chrono::steady_clock::time_point wait_start_, wait_until_;
+  bool wait_for_peers(const error& why);
+  void wait_for_peers_step() noexcept;
 };
 
 // ---- out side -----------------------------------------------------------------------------
@@ -134,7 +147,7 @@ bool pipeline::unmap_next(pending_copies pending) {
   if (!o.started) start(o);
   trace::span span(out_memory_ == unmapped_memory::park ? "park" : "unmap", o.t->name(), m.size,
                    trace::effect::mapped_down);
-  o.t->arena().unmap(m.va, out_memory_);  // Note [unmap as copied]
+  o.t->arena().unmap(m.va, out_memory_, sink_);  // Note [unmap as copied]
   ++o.next_map;
   if (out_memory_ == unmapped_memory::release ||
       out_memory_ == unmapped_memory::release_in_background) {
@@ -228,18 +241,21 @@ bool pipeline::map_next() {
   in_run& r = in.runs[in.mapped];
   // While out-mappings remain, a run maps when the memory they gave up covers it (Note [physical
   // recycling]) or the driver's free memory does; otherwise it waits for more of them.
+  peer_memory* peers = dev_.peers();
   const bool recycled =
-      out_memory_ == unmapped_memory::recycle && dev_.recycler().bytes() >= r.size;
+      (out_memory_ == unmapped_memory::recycle && dev_.recycler().bytes() >= r.size) ||
+      (peers && peers->held().bytes() >= r.size);
   if (out_left() && !recycled && r.size > budget_) return false;
-  const std::size_t kept_before = dev_.recycler().bytes();
+  const std::size_t kept_before = dev_.recycler().bytes() + (peers ? peers->held().bytes() : 0);
   try {
     trace::span span("map", in.t->name(), r.size, trace::effect::mapped_up);
-    r.parts = map_parts(dev_, r.va, r.size, recycle());
+    r.parts = map_parts(dev_, r.va, r.size, recycle(), peers ? &peers->held() : nullptr);
   } catch (const error& e) {
     if (e.code() == TAGMEM_ERROR_OUT_OF_MEMORY && out_left()) {
       budget_ = 0;  // wait for the next unmap
       return false;
     }
+    if (e.code() == TAGMEM_ERROR_OUT_OF_MEMORY && wait_for_peers(e)) return false;
     in_error_ = std::current_exception();
     return false;
   } catch (...) {
@@ -247,7 +263,7 @@ bool pipeline::map_next() {
     return false;
   }
   ++in.mapped;
-  const std::size_t kept_after = dev_.recycler().bytes();
+  const std::size_t kept_after = dev_.recycler().bytes() + (peers ? peers->held().bytes() : 0);
   const std::size_t taken = kept_before > kept_after ? kept_before - kept_after : 0;
   budget_ -= std::min(budget_, r.size - std::min(r.size, taken));  // what was created
   try {
@@ -329,6 +345,87 @@ void pipeline::reclaim_parked(incoming& in) {
   }
 }
 
+// ---- the job's other processes (Note [handoff] in handoff/service.hpp) ----------------------
+
+// A reload tells the job's processes how much it maps and in runs of what size, so that memory
+// they give up meanwhile comes here.
+void pipeline::announce_reload() noexcept {
+  peer_memory* peers = dev_.peers();
+  if (!peers || ins_.empty()) return;
+  std::size_t wanted = 0, largest = 0;
+  for (const incoming& in : ins_) {
+    for (const in_run& r : in.runs) {
+      wanted += r.size;
+      largest = std::max(largest, r.size);
+    }
+  }
+  peers->reloading(wanted, largest);
+  announced_ = true;
+}
+
+// An offload with nothing coming in offers what it unmaps to the job's processes.
+void pipeline::open_sink() noexcept {
+  std::size_t bytes = 0, parts = 0;
+  for (const outgoing& o : outs_) {
+    for (const out_mapping& m : o.maps) {
+      bytes += m.size;
+      ++parts;
+    }
+  }
+  sink_ = dev_.peers()->sink_for_offload(bytes, parts);
+}
+
+pipeline::~pipeline() {
+  if (sink_) dev_.peers()->offload_done();
+  if (announced_) dev_.peers()->reload_done();
+}
+
+// Note [reload waits for peers]: with handoff, a reload that runs out of device memory with no
+// out-side of its own left does not fail at once: it waits, TAGMEM_HANDOFF_WAIT_MS at most, for
+// memory the job's processes give back, handed to it (it announces itself while reloading) or
+// returned to the driver, and tries the run again after each arrival or every 20 ms. Its runs
+// already mapped have their copies queued, so copying goes on into each piece as it arrives.
+// Held handles larger than any run left are released first (they could never be mapped). At the
+// deadline it fails OUT_OF_MEMORY as it would have: finish_ins commits the in-tags before the
+// failing one and leaves it and those after offloaded with their backups intact. Two processes
+// waiting for each other both time out. Returns whether the reload waits (false: fail now).
+bool pipeline::wait_for_peers(const error& why) {
+  peer_memory* peers = dev_.peers();
+  if (!peers || cfg_.handoff_wait_ms <= 0) return false;
+  const auto now = std::chrono::steady_clock::now();
+  if (!waiting_) {
+    waiting_ = true;
+    wait_start_ = now;
+    wait_until_ = now + std::chrono::milliseconds(cfg_.handoff_wait_ms);
+    std::size_t largest = 0;
+    for (std::size_t i = in_at_; i < ins_.size(); ++i) {
+      for (std::size_t j = ins_[i].mapped; j < ins_[i].runs.size(); ++j) {
+        largest = std::max(largest, ins_[i].runs[j].size);
+      }
+    }
+    peers->release_unfit(largest);
+  }
+  if (now < wait_until_) {
+    short_ = true;
+    return true;
+  }
+  peers->waited(now - wait_start_, true);
+  const auto waited_ms =
+      std::chrono::duration_cast<std::chrono::milliseconds>(now - wait_start_).count();
+  in_error_ = std::make_exception_ptr(
+      error(TAGMEM_ERROR_OUT_OF_MEMORY,
+            std::string(why.what()) + "; waited " + std::to_string(waited_ms) +
+                " ms (TAGMEM_HANDOFF_WAIT_MS) for memory from the job's processes"));
+  waiting_ = false;
+  return true;
+}
+
+void pipeline::wait_for_peers_step() noexcept {
+  short_ = false;
+  const auto tick = std::chrono::steady_clock::now() + std::chrono::milliseconds(20);
+  dev_.peers()->wait_for_more(std::min(tick, wait_until_));
+}
+
 // ---- the loop -----------------------------------------------------------------------------
 
 void pipeline::run(tag* const* outs, std::size_t out_count, tag* const* ins, std::size_t in_count) {
@@ -349,6 +446,7 @@ void pipeline::run(tag* const* outs, std::size_t out_count, tag* const* ins, std
     for (incoming& in : ins_) undo(in);  // parks again what was reclaimed
     throw;
   }
+  announce_reload();
   if (out_count) {
     TAGMEM_CU(cuCtxSynchronize, dev_.context());  // Note [offload waits]
     if (in_count) {  // before anything is taken: a failure here changes nothing
@@ -372,6 +470,7 @@ void pipeline::run(tag* const* outs, std::size_t out_count, tag* const* ins, std
         plan_outgoing(outs_.back(), mode_, store_, cfg_.copy_piece_bytes);
       }
       queue_out_copies();
+      if (in_count == 0 && dev_.peers()) open_sink();
     } catch (...) {  // nothing is unmapped yet: every tag is as it was
       try {
         copies_.finish();
@@ -387,7 +486,15 @@ void pipeline::run(tag* const* outs, std::size_t out_count, tag* const* ins, std
       bool progress = false;
       while (out_left() && unmap_next(pending_copies::give_up)) progress = true;
       while (in_open() && map_next()) progress = true;
+      if (progress && waiting_ && !short_) {  // the run that waited is mapped
+        dev_.peers()->waited(std::chrono::steady_clock::now() - wait_start_, false);
+        waiting_ = false;
+      }
       if (!progress) {
+        if (short_) {  // Note [reload waits for peers]
+          wait_for_peers_step();
+          continue;
+        }
         if (!out_left()) break;  // the in side stopped on a failure
         unmap_next(pending_copies::wait);
       }

@@ -8,6 +8,8 @@
 #include "driver/driver.hpp"
 #include "observe/log.hpp"
 #include "offload/offload_engine.hpp"
+#include "peers/job_identity.hpp"
+#include "peers/private_dir.hpp"
 #include "tags/external_tag.hpp"
 
 namespace tagmem {
@@ -33,6 +35,14 @@ registry::registry(const config& cfg) : cfg_(cfg) {
   TAGMEM_EXPECTS(device_count_ > 0, TAGMEM_ERROR_DRIVER,
                  "the CUDA driver '" + driver::library_path() + "' reports no device");
   for (int i = 0; i < device_count_; ++i) slots_.push_back(std::make_unique<device_slot>());
+  if (cfg_.handoff) {  // opting in never silently does nothing
+    try {
+      handoff_job_ = peers::job_identity("handoff between processes (TAGMEM_HANDOFF=on)");
+      handoff_dir_ = peers::private_dir();
+    } catch (const error& e) {
+      fail(TAGMEM_ERROR_INVALID_ARGUMENT, std::string("TAGMEM_HANDOFF=on: ") + e.what());
+    }
+  }
   if (cfg_.pin_ahead) {
     pinner_ = std::make_unique<background_pinning>([this]() -> host_store& { return store(); },
                                                    [this] { return planned_backup_bytes(); });
@@ -45,6 +55,10 @@ registry::~registry() {
   for (auto& s : slots_) {
     for (auto& [name, t] : s->tags) delete t;
     s->tags.clear();
+    if (s->handoff) {  // before the device: it uses the device's release queue
+      s->dev->set_peers(nullptr);
+      s->handoff.reset();
+    }
     s->dev.reset();
   }
 }
@@ -72,9 +86,52 @@ int registry::resolve_device(int ordinal) {
 device& registry::dev(int ordinal) {
   device_slot& s = slot(ordinal);
   // A constructor that throws leaves the flag unset: the next call tries again.
-  std::call_once(s.created, [&] { s.dev = std::make_unique<device>(ordinal, cfg_); });
+  std::call_once(s.created, [&] {
+    auto d = std::make_unique<device>(ordinal, cfg_);
+    if (cfg_.handoff && d->exports_handles()) {
+      s.handoff = std::make_unique<handoff::service>(*d, cfg_, handoff_job_, handoff_dir_);
+      d->set_peers(s.handoff.get());
+    }
+    s.dev = std::move(d);
+  });
   return *s.dev;
 }
+
+handoff::service* registry::handoff(int ordinal) {
+  dev(ordinal);
+  return slot(ordinal).handoff.get();
+}
+
+void registry::attach_handoff_for_test(int ordinal, int fd, bool giver) {
+  handoff::service* h = handoff(ordinal);
+  TAGMEM_EXPECTS(h, TAGMEM_ERROR_INVALID_ARGUMENT, "handoff is off (TAGMEM_HANDOFF)");
+  h->attach_for_test(fd, giver);
+}
+
+void registry::note_offloaded(int ordinal) noexcept {
+  handoff::service* h = slot(ordinal).handoff.get();
+  if (!h) return;
+  std::size_t bytes = 0;
+  for (tag* t : tags(ordinal)) {
+    std::lock_guard lock(t->mutex());
+    if (!t->offloaded()) continue;
+    for (const auto& [va, m] : t->arena().mappings()) bytes += m.resident ? 0 : m.size;
+  }
+  h->offloaded(bytes);
+}
+
+namespace {
+
+// Tells the device's handoff what is offloaded once an operation is over and its tags unlocked.
+template <class Note>
+struct after_operation {
+  Note note;
+  ~after_operation() { note(); }
+};
+template <class Note>
+after_operation(Note) -> after_operation<Note>;
+
+}  // namespace
 
 std::size_t registry::planned_backup_bytes() {
   std::size_t planned = 0;
@@ -221,6 +278,7 @@ void registry::offload(const char* const* names, std::size_t count, int ordinal,
   meta_vector<tag*> list = lookup_unique(names, count, ordinal, "tagmem_offload");
   if (list.empty()) return;
   host_store& hs = store(ordinal);
+  after_operation noted{[&]() noexcept { note_offloaded(ordinal); }};
   multi_lock lock(list);
   for (tag* t : list) {
     TAGMEM_EXPECTS(!t->offloaded() || t->partial(), TAGMEM_ERROR_TAG_OFFLOADED,
@@ -233,6 +291,7 @@ void registry::reload(const char* const* names, std::size_t count, int ordinal) 
   meta_vector<tag*> list = lookup_unique(names, count, ordinal, "tagmem_reload");
   if (list.empty()) return;
   host_store& hs = store(ordinal);
+  after_operation noted{[&]() noexcept { note_offloaded(ordinal); }};
   multi_lock lock(list);
   for (tag* t : list) {
     TAGMEM_EXPECTS(t->offloaded(), TAGMEM_ERROR_TAG_RESIDENT,
@@ -255,6 +314,7 @@ void registry::swap(const char* const* out_names, std::size_t out_count,
   }
   if (outs.empty() && ins.empty()) return;
   host_store& hs = store(ordinal);
+  after_operation noted{[&]() noexcept { note_offloaded(ordinal); }};
   meta_vector<tag*> all(outs);
   all.insert(all.end(), ins.begin(), ins.end());
   multi_lock lock(std::move(all));
@@ -303,8 +363,9 @@ void registry::plan_offload(const char* name, int ordinal, tagmem_offload_mode m
 
 void registry::wait_released(int ordinal) {
   device& d = dev(ordinal);
-  context_guard guard(d.context());        // parked mappings are unmapped first
-  d.recycler().release_all(d.releases());  // Note [physical recycling]
+  if (peer_memory* p = d.peers()) p->release_unfit(0);  // received and not mapped: as kept ones
+  context_guard guard(d.context());                     // parked mappings are unmapped first
+  d.recycler().release_all(d.releases());               // Note [physical recycling]
   driver::check(d.releases().drain(), "cuMemRelease");
 }
 

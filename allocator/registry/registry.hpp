@@ -13,6 +13,7 @@
 #include <shared_mutex>
 
 #include "device/device.hpp"
+#include "handoff/service.hpp"
 #include "host/background_pinning.hpp"
 #include "host/host_store.hpp"
 #include "options/config.hpp"
@@ -54,14 +55,25 @@ class registry {
   // Records how the tag will be offloaded (creating it): BACKUP pins ahead (Note [pin ahead]).
   void plan_offload(const char* name, int ordinal, tagmem_offload_mode mode);
 
+  // The device's handoff (Note [handoff] in handoff/service.hpp); null without TAGMEM_HANDOFF=on
+  // or where the device cannot export handles. Creates the device.
+  handoff::service* handoff(int ordinal);
+  // Tests of the data path: hands `fd`, a connected socket, to the device's handoff as a giver's
+  // or a taker's channel. Throws INVALID_ARGUMENT without handoff.
+  void attach_handoff_for_test(int ordinal, int fd, bool giver);
+
  private:
   struct device_slot {
     std::once_flag created;  // dev is set once, without a lock on every later use
     std::unique_ptr<device> dev;
+    std::unique_ptr<handoff::service> handoff;  // created with dev when handoff is on
     std::shared_mutex tags_mutex;
     meta_map<meta_string, tag*, std::less<>> tags;  // looked up by const char*, no copy
   };
   device_slot& slot(int ordinal);
+  // Tells the device's handoff how many bytes its tags have offloaded now (after each offload,
+  // reload and swap: a process with offloaded tags takes memory, Note [handoff]).
+  void note_offloaded(int ordinal) noexcept;
   // What the background pinner pins toward: the mapped bytes of resident planned-BACKUP tags.
   std::size_t planned_backup_bytes();
   // Throws INVALID_ARGUMENT naming `operation` for the external tag.
@@ -69,6 +81,7 @@ class registry {
                                   const char* operation);
 
   config cfg_;
+  std::string handoff_job_, handoff_dir_;  // with TAGMEM_HANDOFF=on
   int device_count_ = 0;
   std::mutex devices_mutex_;  // creating the store
   meta_vector<std::unique_ptr<device_slot>> slots_;

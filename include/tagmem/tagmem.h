@@ -413,6 +413,42 @@ TAGMEM_API const char* tagmem_metadata_heap(void);
  * message names it). Thread-safe; does not initialise tagmem. */
 TAGMEM_API tagmem_status tagmem_trace_flush(void);
 
+/* ---- handoff between processes of one job -------------------------------------------------- */
+/* With TAGMEM_HANDOFF=on, memory an offload gives up goes to a process of the same user, job
+ * (TAGMEM_JOB) and GPU that reloads or has said it will, instead of to the driver; that process
+ * maps it when it reloads, without creating memory (docs/handoff.md). Without the setting these
+ * calls fail with INVALID_ARGUMENT, and nothing else changes.
+ * Amended contracts with it on: tagmem_offload's memory may go to a process of the job;
+ * tagmem_wait_released and tagmem_release_physical also give back memory received and not mapped;
+ * release_pending_bytes counts it. */
+typedef struct tagmem_handoff_stats {
+  size_t struct_size;             /* set by the caller; fields may be appended */
+  uint64_t given_bytes;           /* ever: handed to processes of the job */
+  uint64_t given_handles;         /* ever */
+  uint64_t received_bytes;        /* ever: handed to this process */
+  uint64_t received_handles;      /* ever */
+  uint64_t mapped_received_bytes; /* ever: of those, mapped by reloads (no cuMemCreate) */
+  uint64_t returned_bytes;        /* ever: received, then to the driver unmapped */
+  size_t held_bytes;              /* now: received, not mapped */
+  uint64_t refused_peers;         /* ever: refused for uid, job, GPU, identity or protocol */
+  uint64_t reload_waits;          /* ever: reloads that waited (TAGMEM_HANDOFF_WAIT_MS) */
+  uint64_t reload_wait_timeouts;  /* ever: of those, gave up */
+  uint64_t reload_wait_ns;        /* ever: time spent waiting */
+  int listening;                  /* takes memory from the job's processes now */
+} tagmem_handoff_stats;
+
+/* This process will reload about `bytes` on `device` (0: what its offloaded tags there map): the
+ * job's processes hand it what they give up meanwhile, held at most TAGMEM_HANDOFF_HOLD_MS. The
+ * latest call wins; a reload covers it. Errors: INVALID_ARGUMENT (handoff off, bad device), PEER
+ * (cannot listen in the job's directory; TAGMEM_LOG=info says why). Thread-safe. */
+TAGMEM_API tagmem_status tagmem_handoff_expect(int device, size_t bytes);
+/* Stops what tagmem_handoff_expect started; memory held for it goes back to the driver. Errors:
+ * INVALID_ARGUMENT (handoff off, bad device). Thread-safe. */
+TAGMEM_API tagmem_status tagmem_handoff_cancel(int device);
+/* The device's handoff figures. Errors: INVALID_ARGUMENT (null out, struct_size not set, handoff
+ * off, bad device). Thread-safe. */
+TAGMEM_API tagmem_status tagmem_handoff_stats_get(int device, tagmem_handoff_stats* out);
+
 #ifdef __cplusplus
 }
 #endif

@@ -1,6 +1,7 @@
-// rendezvous_fuzz.cpp — libFuzzer target over every decoder of the NCCL rendezvous: the frame
-// header (unix_channel.hpp) and each payload (messages.hpp), with bytes as a peer could send
-// them. The first input byte picks the decoder, the rest is the payload.
+// rendezvous_fuzz.cpp — libFuzzer target over every decoder of what processes of a job send each
+// other: the frame header (unix_channel.hpp), each payload of the NCCL rendezvous (messages.hpp)
+// and of handoff (handoff/handoff_messages.hpp), with bytes as a peer could send them. The first
+// input byte picks the decoder, the rest is the payload.
 //
 // A decoder may accept the bytes or throw tagmem::error with PEER; anything else — another
 // exception (bad_alloc from a count sized before it was checked, out_of_range), a crash, a read
@@ -15,6 +16,7 @@
 
 #include "base/error.hpp"
 #include "collective_messages.hpp"
+#include "handoff/handoff_messages.hpp"
 #include "peers/messages.hpp"
 #include "peers/unix_channel.hpp"
 
@@ -67,7 +69,7 @@ void frame(const std::string& in) {
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   if (size == 0) return 0;
   const std::string in(reinterpret_cast<const char*>(data) + 1, size - 1);
-  switch (data[0] % 12) {
+  switch (data[0] % 18) {
     case 0:
       round_trip(in, decode_hello, encode_hello);
       break;
@@ -103,6 +105,24 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       break;
     case 11:
       frame(in);
+      break;
+    case 12:
+      round_trip(in, tagmem::handoff::decode_hello, tagmem::handoff::encode_hello);
+      break;
+    case 13:
+      round_trip(in, tagmem::handoff::decode_welcome, tagmem::handoff::encode_welcome);
+      break;
+    case 14:
+      round_trip(in, tagmem::handoff::decode_refuse, tagmem::handoff::encode_refuse);
+      break;
+    case 15:
+      round_trip(in, tagmem::handoff::decode_give, tagmem::handoff::encode_give);
+      break;
+    case 16:
+      round_trip(in, tagmem::handoff::decode_taken, tagmem::handoff::encode_taken);
+      break;
+    case 17:
+      round_trip(in, tagmem::handoff::decode_done, tagmem::handoff::encode_done);
       break;
   }
   return 0;

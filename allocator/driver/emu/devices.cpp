@@ -4,9 +4,14 @@
 // Attributes answer what tagmem and the CUDA runtime ask about an H200-class device that
 // supports virtual memory management: VMM, POSIX-fd handles, memory pools and unified
 // addressing are supported, compute capability 9.0; every other valid attribute reads 0.
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
 #include "api.hpp"
 #include "contexts.hpp"
 #include "emu_control.h"
+#include "option_table.hpp"
 
 using namespace tagmem::emu;
 
@@ -63,6 +68,26 @@ TAGMEM_EMU_EXPORT CUresult cuDeviceGetAttribute(int* value, CUdevice_attribute a
     default:
       *value = 0;
   }
+  return CUDA_SUCCESS;
+}
+
+// A device's UUID: a hash of the ordinal and of TAGMEM_EMU_SHARED_DEVICES (the file through which
+// emulated processes share device memory; "emu" when unset). Processes that share the file see one
+// GPU per ordinal, as processes of one machine do; a process naming another file is on other GPUs.
+// (cuda.h maps the name to cuDeviceGetUuid_v2, the same prototype.)
+TAGMEM_EMU_EXPORT CUresult cuDeviceGetUuid(CUuuid* uuid, CUdevice device) {
+  TAGMEM_EMU_ENTRY(cuDeviceGetUuid);
+  if (uuid == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (!valid_device(device)) return CUDA_ERROR_INVALID_DEVICE;
+  const char* shared = std::getenv(tagmem::spec_of(tagmem::option::EMU_SHARED_DEVICES).name);
+  const std::string seed =
+      std::string(shared && *shared ? shared : "emu") + "#" + std::to_string(device);
+  uint64_t h[2] = {0xcbf29ce484222325ull, 0x84222325cbf29ce4ull};  // two FNV-1a lanes
+  for (unsigned char c : seed) {
+    h[0] = (h[0] ^ c) * 0x100000001b3ull;
+    h[1] = (h[1] ^ (c + 1u)) * 0x100000001b3ull;
+  }
+  std::memcpy(uuid->bytes, h, sizeof uuid->bytes);
   return CUDA_SUCCESS;
 }
 

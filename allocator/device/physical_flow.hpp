@@ -1,0 +1,99 @@
+// physical_flow.hpp — where physical memory may go instead of the driver, and come from instead
+// of cuMemCreate: the seams through which the offload pipeline and the arenas reach the other
+// processes of the job (Note [handoff] in handoff/service.hpp) without knowing about them.
+//
+// Public calls forward to private virtual ones (the implementation lives in handoff/, above this
+// layer). A device without handoff has no peer_memory and none of this is ever called.
+#pragma once
+
+#include <cuda.h>
+
+#include <chrono>
+#include <cstddef>
+
+#include "device/physical_recycler.hpp"
+#include "host/metadata_heap.hpp"
+
+namespace tagmem {
+
+// Where an unmapped handle may go instead of the driver.
+class physical_sink {
+ public:
+  // Whether a handle of `bytes` would be taken now (a parked mapping is unmapped for it).
+  bool wants(std::size_t bytes) const noexcept { return do_wants(bytes); }
+  // Offers one unmapped handle. true: the sink owns it now; false: the caller still does and
+  // disposes of it as it would have.
+  bool offer(physical_part p) noexcept { return do_offer(p); }
+
+ protected:
+  ~physical_sink() = default;
+
+ private:
+  virtual bool do_wants(std::size_t bytes) const noexcept = 0;
+  virtual bool do_offer(physical_part p) noexcept = 0;
+};
+
+// Handles to map before creating new ones, as the recycler's.
+class physical_source {
+ public:
+  // Takes, largest first, handles whose sizes add up to at most `bytes`; appends them to `out`
+  // (throws OUT_OF_MEMORY for room in `out` with nothing taken).
+  void take_up_to(std::size_t bytes, meta_vector<physical_part>& out) { do_take_up_to(bytes, out); }
+  // Notes that `bytes` taken from here are mapped now (statistics).
+  void mapped(std::size_t bytes) noexcept { do_mapped(bytes); }
+  std::size_t bytes() const noexcept { return do_bytes(); }
+
+ protected:
+  ~physical_source() = default;
+
+ private:
+  virtual void do_take_up_to(std::size_t bytes, meta_vector<physical_part>& out) = 0;
+  virtual void do_mapped(std::size_t bytes) noexcept = 0;
+  virtual std::size_t do_bytes() const noexcept = 0;
+};
+
+// All that the offload pipeline sees of the job's other processes; one per device.
+class peer_memory {
+ public:
+  // An offload of `out_bytes` in at most `max_parts` handles starts: a sink when some process
+  // of the job takes memory now, else null (the memory goes to the driver as without handoff).
+  // Every non-null sink is followed by offload_done().
+  physical_sink* sink_for_offload(std::size_t out_bytes, std::size_t max_parts) noexcept {
+    return do_sink_for_offload(out_bytes, max_parts);
+  }
+  void offload_done() noexcept { do_offload_done(); }
+  // Received handles not mapped yet.
+  physical_source& held() noexcept { return do_held(); }
+  // A reload of `wanted` bytes in runs of at most `largest_run` starts: the job's processes may
+  // hand memory to this one until reload_done.
+  void reloading(std::size_t wanted, std::size_t largest_run) noexcept {
+    do_reloading(wanted, largest_run);
+  }
+  void reload_done() noexcept { do_reload_done(); }
+  // Held handles larger than `largest_run` go to the driver (0: every held handle).
+  void release_unfit(std::size_t largest_run) noexcept { do_release_unfit(largest_run); }
+  // Waits until a handle arrives or `until`; returns whether one did.
+  bool wait_for_more(std::chrono::steady_clock::time_point until) noexcept {
+    return do_wait_for_more(until);
+  }
+  // A reload waited `how_long` for memory (statistics); `timed_out`: and then gave up.
+  void waited(std::chrono::nanoseconds how_long, bool timed_out) noexcept {
+    do_waited(how_long, timed_out);
+  }
+
+ protected:
+  ~peer_memory() = default;
+
+ private:
+  virtual physical_sink* do_sink_for_offload(std::size_t out_bytes,
+                                             std::size_t max_parts) noexcept = 0;
+  virtual void do_offload_done() noexcept = 0;
+  virtual physical_source& do_held() noexcept = 0;
+  virtual void do_reloading(std::size_t wanted, std::size_t largest_run) noexcept = 0;
+  virtual void do_reload_done() noexcept = 0;
+  virtual void do_release_unfit(std::size_t largest_run) noexcept = 0;
+  virtual bool do_wait_for_more(std::chrono::steady_clock::time_point until) noexcept = 0;
+  virtual void do_waited(std::chrono::nanoseconds how_long, bool timed_out) noexcept = 0;
+};
+
+}  // namespace tagmem

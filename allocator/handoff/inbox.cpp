@@ -1,0 +1,99 @@
+// inbox.cpp — received handles held for a reload (see header).
+#include "handoff/inbox.hpp"
+
+#include "device/device.hpp"
+#include "driver/driver.hpp"
+
+namespace tagmem::handoff {
+
+inbox::~inbox() {
+  release_if([](std::size_t, const item&) { return true; });
+}
+
+bool inbox::put(physical_part p) noexcept {
+  {
+    std::lock_guard lock(mutex_);
+    try {
+      held_.emplace(p.size, item{p.handle, clock::now()});
+    } catch (...) {
+      return false;
+    }
+    bytes_ += p.size;
+    ++arrivals_;
+  }
+  arrived_.notify_all();
+  return true;
+}
+
+template <class Pred>
+void inbox::release_if(Pred pred) noexcept {
+  held_map out;
+  {
+    std::lock_guard lock(mutex_);
+    for (auto it = held_.begin(); it != held_.end();) {
+      if (!pred(it->first, it->second)) {
+        ++it;
+        continue;
+      }
+      bytes_ -= it->first;
+      auto next = std::next(it);
+      out.insert(held_.extract(it));  // a node move: cannot fail
+      it = next;
+    }
+  }
+  for (auto& [size, i] : out) {
+    stats_.returned_bytes += size;
+    try {
+      dev_.releases().push(i.handle, size);
+      continue;
+    } catch (...) {  // the thread cannot take it: release it here
+    }
+    driver::api().cuMemRelease(i.handle);
+  }
+}
+
+void inbox::release_older_than(clock::time_point cutoff) noexcept {
+  release_if([&](std::size_t, const item& i) { return i.arrived < cutoff; });
+}
+
+void inbox::release_larger_than(std::size_t largest) noexcept {
+  release_if([&](std::size_t size, const item&) { return largest == 0 || size > largest; });
+}
+
+inbox::clock::time_point inbox::oldest() const noexcept {
+  std::lock_guard lock(mutex_);
+  clock::time_point t = clock::time_point::max();
+  for (const auto& [size, i] : held_) t = std::min(t, i.arrived);
+  return t;
+}
+
+bool inbox::wait_for_arrival(clock::time_point until) noexcept {
+  std::unique_lock lock(mutex_);
+  const std::uint64_t seen = arrivals_;
+  return arrived_.wait_until(lock, until, [&] { return arrivals_ != seen; });
+}
+
+void inbox::do_take_up_to(std::size_t bytes, meta_vector<physical_part>& out) {
+  std::lock_guard lock(mutex_);
+  if (held_.empty()) return;
+  out.reserve(out.size() + std::min(held_.size(), bytes / (2u << 20) + 1));
+  std::size_t left = bytes;
+  while (left != 0 && out.size() < out.capacity()) {
+    auto it = held_.upper_bound(left);  // the largest handle that fits in what is left
+    if (it == held_.begin()) break;
+    --it;
+    out.push_back({it->second.handle, it->first});  // within the room reserved above
+    left -= it->first;
+    bytes_ -= it->first;
+    held_.erase(it);
+  }
+}
+
+void inbox::do_mapped(std::size_t bytes) noexcept { stats_.mapped_received_bytes += bytes; }
+
+std::size_t inbox::do_bytes() const noexcept {
+  std::lock_guard lock(mutex_);
+  return bytes_;
+}
+
+}  // namespace tagmem::handoff

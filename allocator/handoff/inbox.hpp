@@ -1,0 +1,63 @@
+// inbox.hpp — handles received from the job's other processes and not mapped yet.
+//
+// The taker thread puts what it imports here; a reload takes them (map_parts, largest first,
+// as the recycler's kept handles) instead of creating memory. What is not mapped goes to the
+// device's release queue: after TAGMEM_HANDOFF_HOLD_MS, when a reload finds it too large for any
+// run left, when the process stops taking memory, or when anything of the process runs out of
+// device memory outside a reload. The mutex is a leaf.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <map>
+#include <mutex>
+
+#include "device/physical_flow.hpp"
+#include "handoff/counters.hpp"
+
+namespace tagmem {
+class device;
+}
+
+namespace tagmem::handoff {
+
+class inbox final : public physical_source {
+ public:
+  using clock = std::chrono::steady_clock;
+  inbox(device& dev, counters& stats) : dev_(dev), stats_(stats) {}
+  ~inbox();  // whatever is held goes to the release queue
+  inbox(const inbox&) = delete;
+  inbox& operator=(const inbox&) = delete;
+
+  // Keeps a received handle; false (keeping nothing) when its record cannot be made.
+  bool put(physical_part p) noexcept;
+  // To the release queue: handles held since before `cutoff` / larger than `largest` (0: all).
+  void release_older_than(clock::time_point cutoff) noexcept;
+  void release_larger_than(std::size_t largest) noexcept;
+  // When the oldest held handle arrived (time_point::max() when none is held).
+  clock::time_point oldest() const noexcept;
+  // Waits until a handle arrives or `until`; returns whether one did.
+  bool wait_for_arrival(clock::time_point until) noexcept;
+
+ private:
+  struct item {
+    CUmemGenericAllocationHandle handle;
+    clock::time_point arrived;
+  };
+  using held_map = std::multimap<std::size_t, item>;  // by size
+  void do_take_up_to(std::size_t bytes, meta_vector<physical_part>& out) override;
+  void do_mapped(std::size_t bytes) noexcept override;
+  std::size_t do_bytes() const noexcept override;
+  template <class Pred>
+  void release_if(Pred pred) noexcept;
+
+  device& dev_;
+  counters& stats_;
+  mutable std::mutex mutex_;
+  std::condition_variable arrived_;
+  held_map held_;
+  std::size_t bytes_ = 0;
+  std::uint64_t arrivals_ = 0;
+};
+
+}  // namespace tagmem::handoff

@@ -1,0 +1,117 @@
+// harness.cpp — descriptors, data and leak checks of the handoff tests (see header).
+#include "harness.hpp"
+
+#include <dirent.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <stdexcept>
+
+#include "driver/driver.hpp"
+#include "emu_controls.hpp"
+
+namespace tagmem::handoff_test {
+
+fd_census take_fd_census() {
+  fd_census c;
+  DIR* d = ::opendir("/proc/self/fd");
+  if (!d) throw std::runtime_error("cannot list /proc/self/fd");
+  while (dirent* e = ::readdir(d)) {
+    if (e->d_name[0] == '.') continue;
+    char target[256] = {};
+    const std::string path = std::string("/proc/self/fd/") + e->d_name;
+    if (::readlink(path.c_str(), target, sizeof target - 1) <= 0) continue;
+    if (std::strncmp(target, "/memfd:tagmem_emu:", 18) == 0) ++c.device_memory;
+    if (std::strncmp(target, "socket:", 7) == 0) ++c.sockets;
+  }
+  ::closedir(d);
+  return c;
+}
+
+std::string describe(const fd_census& c) {
+  return std::to_string(c.device_memory) + " device-memory fds, " + std::to_string(c.sockets) +
+         " sockets";
+}
+
+std::string make_private_dir(const char* what) {
+  const char* tmp = std::getenv("TMPDIR");
+  std::string pattern = std::string(tmp && *tmp ? tmp : "/tmp") + "/tagmem-" + what + "-XXXXXX";
+  if (!::mkdtemp(pattern.data())) throw std::runtime_error("mkdtemp " + pattern);
+  return pattern;
+}
+
+void check(tagmem_status s, const std::string& what) {
+  if (s != TAGMEM_SUCCESS) {
+    throw std::runtime_error(what + ": " + tagmem_status_string(s) + ": " + tagmem_last_error());
+  }
+}
+
+namespace {
+
+void primary_context() {
+  CUdevice dev = 0;
+  CUcontext c = nullptr;
+  driver::check(driver::api().cuDeviceGet(&dev, 0), "cuDeviceGet");
+  driver::check(driver::api().cuDevicePrimaryCtxRetain(&c, dev), "cuDevicePrimaryCtxRetain");
+  driver::check(driver::api().cuCtxSetCurrent(c), "cuCtxSetCurrent");
+  driver::api().cuDevicePrimaryCtxRelease(dev);  // tagmem holds it; current is enough
+}
+
+}  // namespace
+
+tag_data fill_tag(const std::string& tag, int count, std::size_t size, std::mt19937_64& rng) {
+  tag_data d{tag, {}, {}};
+  primary_context();
+  for (int i = 0; i < count; ++i) {
+    void* p = nullptr;
+    check(tagmem_malloc_tagged(&p, size, tag.c_str(), 0, nullptr), "tagmem_malloc_tagged " + tag);
+    std::vector<unsigned char> bytes(size);
+    for (std::size_t j = 0; j + 8 <= size; j += 8) {
+      const std::uint64_t x = rng();
+      std::memcpy(&bytes[j], &x, 8);
+    }
+    driver::check(driver::api().cuMemcpyHtoD(reinterpret_cast<CUdeviceptr>(p), bytes.data(), size),
+                  "cuMemcpyHtoD");
+    d.ptrs.push_back(p);
+    d.bytes.push_back(std::move(bytes));
+  }
+  return d;
+}
+
+std::size_t corrupted(const tag_data& d) {
+  primary_context();
+  std::size_t bad = 0;
+  for (std::size_t i = 0; i < d.ptrs.size(); ++i) {
+    std::vector<unsigned char> now(d.bytes[i].size());
+    driver::check(driver::api().cuMemcpyDtoH(now.data(), reinterpret_cast<CUdeviceptr>(d.ptrs[i]),
+                                             now.size()),
+                  "cuMemcpyDtoH");
+    bad += now != d.bytes[i];
+  }
+  return bad;
+}
+
+tagmem_handoff_stats handoff_stats(int device) {
+  tagmem_handoff_stats s{};
+  s.struct_size = sizeof s;
+  check(tagmem_handoff_stats_get(device, &s), "tagmem_handoff_stats_get");
+  return s;
+}
+
+std::uint64_t emu_calls(const char* entry) {
+  const auto& e = reliability::emu();
+  return e.available ? e.call_count(entry) : 0;
+}
+
+std::string emu_leaks() {
+  const auto& e = reliability::emu();
+  std::string out;
+  if (!e.available) return out;
+  if (e.live_allocations() != 0) out += std::to_string(e.live_allocations()) + " allocations ";
+  if (e.live_mappings() != 0) out += std::to_string(e.live_mappings()) + " mappings ";
+  if (e.live_reservations() != 0) out += std::to_string(e.live_reservations()) + " reservations";
+  return out;
+}
+
+}  // namespace tagmem::handoff_test

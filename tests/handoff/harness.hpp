@@ -1,0 +1,55 @@
+// harness.hpp — what the handoff tests share: two or three processes of one job on one emulated
+// GPU, their data and their leak checks.
+//
+// The test process starts this same binary again as a peer (tests/preload/peer.hpp: --peer=
+// <scenario>, a control channel on fd 100 that can carry descriptors); both inherit the
+// environment: the emulated driver, TAGMEM_HANDOFF=on, one TAGMEM_JOB and one private
+// TAGMEM_PEER_DIR per test run (main.cpp), so that concurrent runs never meet.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "tagmem/tagmem.h"
+
+namespace tagmem::handoff_test {
+
+// Descriptors of this process that would show a leak: emulated device memory (memfds) and sockets.
+struct fd_census {
+  int device_memory = 0;
+  int sockets = 0;
+  bool operator==(const fd_census&) const = default;
+};
+fd_census take_fd_census();
+std::string describe(const fd_census& c);
+
+// A new directory, mode 0700, under $TMPDIR or /tmp.
+std::string make_private_dir(const char* what);
+
+// Allocations of one tag with the random bytes written to them.
+struct tag_data {
+  std::string tag;
+  std::vector<void*> ptrs;
+  std::vector<std::vector<unsigned char>> bytes;
+};
+// `count` allocations of `size` bytes in `tag` on device 0, each filled with random bytes.
+// Throws std::runtime_error with tagmem's message on failure.
+tag_data fill_tag(const std::string& tag, int count, std::size_t size, std::mt19937_64& rng);
+// How many allocations no longer hold their bytes.
+std::size_t corrupted(const tag_data& d);
+
+// Throws std::runtime_error naming `what` and tagmem's message unless `s` is TAGMEM_SUCCESS.
+void check(tagmem_status s, const std::string& what);
+
+tagmem_handoff_stats handoff_stats(int device = 0);
+// Calls of `entry` in this process so far (0 on the real driver, where only the handoff
+// statistics tell what a reload created).
+std::uint64_t emu_calls(const char* entry);
+// Live allocations + mappings + reservations of the emulator in this process ("" when none, and
+// on the real driver).
+std::string emu_leaks();
+
+}  // namespace tagmem::handoff_test
