@@ -6,10 +6,14 @@
 // fires: the entry's own counter, or the total for a fault on any entry point.
 #include "faults.hpp"
 
+#include <signal.h>
+
 #include <array>
 #include <atomic>
+#include <cstdlib>
 #include <cstring>
 #include <mutex>
+#include <string>
 #include <vector>
 
 #include "api.hpp"
@@ -32,25 +36,43 @@ struct fault {
   CUresult error;
 };
 
-struct fault_table {
-  std::array<std::atomic<uint64_t>, entry_count> calls{};
-  std::atomic<uint64_t> total{0};
-  std::atomic<int> armed{0};
-  std::mutex mutex;
-  std::vector<fault> faults;
-};
-
-fault_table& table() {
-  static fault_table* instance = new fault_table;  // leaked: see Note [emu locking]
-  return *instance;
-}
-
 // Index of `name` in entry_names; -1 for null; -2 when unknown.
 int find_entry(const char* name) {
   if (name == nullptr) return -1;
   for (int i = 0; i < entry_count; ++i)
     if (std::strcmp(entry_names[i], name) == 0) return i;
   return -2;
+}
+
+struct fault_table {
+  std::array<std::atomic<uint64_t>, entry_count> calls{};
+  std::atomic<uint64_t> total{0};
+  std::atomic<int> armed{0};
+  std::mutex mutex;
+  std::vector<fault> faults;
+  // TAGMEM_EMU_KILL_AT=entry:n: the process dies (SIGKILL) at the nth call of `entry`, as a
+  // process killed at that step would; tests of what the other processes of a job then see.
+  int kill_entry = -3;
+  uint64_t kill_at = 0;
+
+  fault_table() {
+    const char* at = std::getenv("TAGMEM_EMU_KILL_AT");
+    if (!at || !*at) return;
+    const std::string spec = at;
+    const auto colon = spec.find(':');
+    if (colon == std::string::npos) return;
+    const int index = find_entry(spec.substr(0, colon).c_str());
+    const uint64_t n = std::strtoull(spec.c_str() + colon + 1, nullptr, 10);
+    if (index >= 0 && n > 0) {
+      kill_entry = index;
+      kill_at = n;
+    }
+  }
+};
+
+fault_table& table() {
+  static fault_table* instance = new fault_table;  // leaked: see Note [emu locking]
+  return *instance;
 }
 
 }  // namespace
@@ -60,6 +82,7 @@ CUresult on_call(entry e) {
   const int index = static_cast<int>(e);
   const uint64_t own = t.calls[index].fetch_add(1, std::memory_order_relaxed) + 1;
   const uint64_t any = t.total.fetch_add(1, std::memory_order_relaxed) + 1;
+  if (index == t.kill_entry && own == t.kill_at) ::raise(SIGKILL);
   if (t.armed.load(std::memory_order_acquire) == 0) return CUDA_SUCCESS;
   std::lock_guard guard(t.mutex);
   for (auto it = t.faults.begin(); it != t.faults.end(); ++it) {

@@ -4,7 +4,9 @@
 // process importing the fd (Note [emu fd sharing]) recovers the location the way the real driver
 // does, by asking the kernel (readlink of /proc/self/fd/N). Imported allocations do not count
 // against a device here: the exporting process already counts them, and on the real driver an
-// import in the same process does not add to the used bytes either (measured on an H200).
+// import in the same process does not add to the used bytes either (measured on an H200). With
+// TAGMEM_EMU_SHARED_DEVICES, processes count together (shared_ledger.hpp): an allocation counts
+// once, from its creation until no process holds it any more, whoever created it.
 #include "physical.hpp"
 
 #include <fcntl.h>
@@ -43,7 +45,9 @@ std::shared_ptr<physical> find_any(lock&, CUmemGenericAllocationHandle handle) {
 void free_if_unused(lock& held, physical& memory) {
   if (memory.handle_refs > 0 || memory.mappings > 0) return;
   ::close(memory.fd);
-  if (memory.charged_device >= 0) uncharge(held, memory.charged_device, memory.size);
+  if (memory.charged_device >= 0) {
+    uncharge_physical(held, memory.charged_device, memory.key, memory.size, memory.imported);
+  }
   --live(held).allocations;
   const CUmemGenericAllocationHandle handle = memory.handle;
   t().allocations.erase(handle);  // may destroy `memory`
@@ -139,14 +143,19 @@ TAGMEM_EMU_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle* handle, siz
     memory->charged_device = prop->location.id;
 
   lock held = take_lock();
-  if (memory->charged_device >= 0 && !charge(held, memory->charged_device, size))
-    return CUDA_ERROR_OUT_OF_MEMORY;
   const std::string name =
       memfd_prefix + std::to_string(prop->location.type) + ":" + std::to_string(prop->location.id);
   memory->fd = ::memfd_create(name.c_str(), MFD_CLOEXEC);
-  if (memory->fd < 0 || ::ftruncate(memory->fd, static_cast<off_t>(size)) != 0) {
+  struct stat info {};
+  if (memory->fd < 0 || ::ftruncate(memory->fd, static_cast<off_t>(size)) != 0 ||
+      ::fstat(memory->fd, &info) != 0) {
     if (memory->fd >= 0) ::close(memory->fd);
-    if (memory->charged_device >= 0) uncharge(held, memory->charged_device, size);
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  }
+  memory->key = info.st_ino;
+  if (memory->charged_device >= 0 &&
+      !charge_physical(held, memory->charged_device, memory->key, size, false)) {
+    ::close(memory->fd);
     return CUDA_ERROR_OUT_OF_MEMORY;
   }
   *handle = track(held, std::move(memory));
@@ -214,7 +223,14 @@ TAGMEM_EMU_EXPORT CUresult cuMemImportFromShareableHandle(CUmemGenericAllocation
   memory->exportable = true;
   memory->fd = ::fcntl(fd, F_DUPFD_CLOEXEC, 0);
   if (memory->fd < 0) return CUDA_ERROR_OUT_OF_MEMORY;
+  memory->imported = true;
+  memory->key = info.st_ino;
   lock held = take_lock();
+  if (memory->prop.location.type == CU_MEM_LOCATION_TYPE_DEVICE &&
+      valid_device(memory->prop.location.id)) {
+    memory->charged_device = memory->prop.location.id;
+    charge_physical(held, memory->charged_device, memory->key, memory->size, true);
+  }
   *handle = track(held, std::move(memory));
   return CUDA_SUCCESS;
 }

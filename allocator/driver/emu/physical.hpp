@@ -22,7 +22,9 @@ struct physical {
   size_t size = 0;
   CUmemAllocationProp prop{};  // as cuMemGetAllocationPropertiesFromHandle reports it
   bool exportable = false;     // may be exported as a POSIX fd
-  int charged_device = -1;     // device whose bytes it uses; -1 for host-located or imported
+  int charged_device = -1;     // device whose bytes it uses; -1 for host-located
+  bool imported = false;
+  uint64_t key = 0;  // the memfd's inode: the same allocation in every process
   CUmemGenericAllocationHandle handle = 0;
   int handle_refs = 0;  // unreleased references to `handle`
   int mappings = 0;     // live cuMemMap mappings

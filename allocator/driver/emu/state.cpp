@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "option_table.hpp"
+#include "shared_ledger.hpp"
 
 namespace tagmem::emu {
 namespace {
@@ -28,11 +29,13 @@ struct globals {
   std::vector<device_state> devices;
   uint64_t context_bytes = 0;
   live_objects live;
+  bool shared = false;  // TAGMEM_EMU_SHARED_DEVICES: counted with other processes
 
   globals() {
     const uint64_t bytes = setting(option::EMU_DEVICE_BYTES);
     devices.resize(setting(option::EMU_DEVICE_COUNT), device_state{bytes, 0});
     context_bytes = setting(option::EMU_CONTEXT_BYTES);
+    shared = ledger::enabled(static_cast<int>(devices.size()), bytes);
   }
 };
 
@@ -54,10 +57,15 @@ int device_count() { return static_cast<int>(g().devices.size()); }
 bool valid_device(int device) { return device >= 0 && device < device_count(); }
 uint64_t context_bytes() { return g().context_bytes; }
 
-uint64_t device_total(lock&, int device) { return g().devices[device].total; }
-uint64_t device_used(lock&, int device) { return g().devices[device].used; }
+uint64_t device_total(lock&, int device) {
+  return g().shared ? ledger::total(device) : g().devices[device].total;
+}
+uint64_t device_used(lock&, int device) {
+  return g().shared ? ledger::used(device) : g().devices[device].used;
+}
 
 bool charge(lock&, int device, uint64_t bytes) {
+  if (g().shared) return ledger::adjust_own(device, static_cast<int64_t>(bytes));
   device_state& d = g().devices[device];
   if (d.used > d.total || bytes > d.total - d.used) return false;
   d.used += bytes;
@@ -65,11 +73,31 @@ bool charge(lock&, int device, uint64_t bytes) {
 }
 
 void uncharge(lock&, int device, uint64_t bytes) {
+  if (g().shared) {
+    ledger::adjust_own(device, -static_cast<int64_t>(bytes));
+    return;
+  }
   device_state& d = g().devices[device];
   d.used -= std::min(d.used, bytes);
 }
 
-void set_device_total(lock&, int device, uint64_t bytes) { g().devices[device].total = bytes; }
+void set_device_total(lock&, int device, uint64_t bytes) {
+  if (g().shared) ledger::set_total(device, bytes);
+  g().devices[device].total = bytes;
+}
+
+bool charge_physical(lock& held, int device, uint64_t key, uint64_t bytes, bool imported) {
+  if (g().shared) return ledger::hold(device, key, bytes, !imported);
+  return imported || charge(held, device, bytes);
+}
+
+void uncharge_physical(lock& held, int device, uint64_t key, uint64_t bytes, bool imported) {
+  if (g().shared) {
+    ledger::drop(key);
+  } else if (!imported) {
+    uncharge(held, device, bytes);
+  }
+}
 
 live_objects& live(lock&) { return g().live; }
 

@@ -42,6 +42,12 @@ uint64_t device_used(lock&, int device);
 bool charge(lock&, int device, uint64_t bytes);
 void uncharge(lock&, int device, uint64_t bytes);
 void set_device_total(lock&, int device, uint64_t bytes);
+// Physical memory `key` (its memfd's inode) of `bytes` on `device`, created here or `imported`:
+// counted once for every process that shares the device (TAGMEM_EMU_SHARED_DEVICES,
+// shared_ledger.hpp); without that setting an import is not counted, since its exporter counts it.
+// False (nothing counted) when created memory does not fit.
+bool charge_physical(lock&, int device, uint64_t key, uint64_t bytes, bool imported);
+void uncharge_physical(lock&, int device, uint64_t key, uint64_t bytes, bool imported);
 
 // Objects alive now, for leak checks (tagmem_emu_live_*). Guarded by the global lock.
 struct live_objects {

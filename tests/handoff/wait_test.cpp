@@ -1,0 +1,173 @@
+// wait_test.cpp — a reload that does not fit waits, within TAGMEM_HANDOFF_WAIT_MS, for memory the
+// job's processes give back (Note [reload waits for peers]); memory received and never mapped
+// goes back to the driver after TAGMEM_HANDOFF_HOLD_MS. The processes share one emulated GPU
+// (TAGMEM_EMU_SHARED_DEVICES), so a full device is full for all of them.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <memory>
+#include <random>
+#include <thread>
+
+#include "emu_controls.hpp"
+#include "harness.hpp"
+#include "peer.hpp"
+
+namespace tagmem::handoff_test {
+namespace {
+
+using preload_test::peer_args;
+using preload_test::peer_process;
+
+constexpr std::size_t MiB = std::size_t{1} << 20;
+constexpr std::size_t kPiece = 30 * MiB;
+
+// Polls `done` every 5 ms for at most 10 s (a bound, not a timing assertion).
+template <class Done>
+bool eventually(Done done) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (!done()) {
+    if (std::chrono::steady_clock::now() > deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  return true;
+}
+
+// A giver: resident DISCARD tag of two mappings, offloaded when told; exits when told.
+TAGMEM_PEER_SCENARIO(resident_giver) {
+  check(tagmem_init(nullptr), "tagmem_init");
+  std::mt19937_64 rng(std::stoull(args.channel.receive()));
+  tag_data kv = fill_tag("kv", 2, kPiece, rng);
+  args.channel.send("resident");
+  args.channel.expect("offload");
+  const char* kv_tag = "kv";
+  check(tagmem_offload(&kv_tag, 1, 0, TAGMEM_DISCARD), "offload kv");
+  args.channel.send("given " + std::to_string(handoff_stats().given_bytes));
+  args.channel.expect("exit");
+  check(tagmem_shutdown(), "tagmem_shutdown");
+  return emu_leaks().empty() ? 0 : 12;
+}
+
+class HandoffWait : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    seed_ = std::random_device{}();
+    ASSERT_TRUE(reliability::emu().available);
+    total_ = reliability::emu().device_bytes(0);
+    before_ = take_fd_census();
+  }
+  void TearDown() override {
+    tagmem_shutdown();
+    reliability::emu().set_device_bytes(0, total_);
+    EXPECT_EQ(reliability::emu().device_used_bytes(0), 0u) << "the shared device is not empty";
+    EXPECT_EQ(emu_leaks(), "");
+    EXPECT_EQ(take_fd_census(), before_)
+        << describe(take_fd_census()) << " / " << describe(before_);
+  }
+  // Makes the shared device exactly as large as what its processes use now.
+  void fill_device() {
+    reliability::emu().set_device_bytes(0, reliability::emu().device_used_bytes(0));
+  }
+  std::uint64_t seed_ = 0;
+  std::uint64_t total_ = 0;
+  fd_census before_;
+};
+
+// The reload starts on a full device, waits, and maps what the giver hands it as it arrives.
+TEST_F(HandoffWait, ReloadWaitsForMemoryGivenBack) {
+  setenv("TAGMEM_HANDOFF_ANNOUNCE", "reload", 1);  // it takes memory only while reloading
+  const tagmem_status init = tagmem_init(nullptr);
+  unsetenv("TAGMEM_HANDOFF_ANNOUNCE");
+  ASSERT_EQ(init, TAGMEM_SUCCESS) << tagmem_last_error();
+  std::mt19937_64 rng(seed_);
+  tag_data w = fill_tag("w", 2, kPiece, rng);
+  const char* w_tag = "w";
+  ASSERT_EQ(tagmem_offload(&w_tag, 1, 0, TAGMEM_BACKUP), TAGMEM_SUCCESS) << tagmem_last_error();
+  ASSERT_EQ(tagmem_wait_released(0), TAGMEM_SUCCESS);
+  auto giver = std::make_unique<peer_process>("resident_giver", "g");
+  giver->channel().send(std::to_string(seed_));
+  ASSERT_EQ(giver->channel().receive(), "resident");
+  fill_device();
+  EXPECT_EQ(handoff_stats().listening, 0);
+
+  tagmem_status reload = TAGMEM_ERROR_INTERNAL;
+  std::string message;
+  std::thread reloader([&] {
+    reload = tagmem_reload(&w_tag, 1, 0);
+    message = tagmem_last_error();
+  });
+  // Once it waits (it listens while reloading), the giver offloads.
+  EXPECT_TRUE(eventually([] { return handoff_stats().listening == 1; }));
+  giver->channel().send("offload");
+  EXPECT_EQ(giver->channel().receive(), "given " + std::to_string(2 * kPiece));
+  reloader.join();
+  ASSERT_EQ(reload, TAGMEM_SUCCESS) << message;
+  EXPECT_EQ(corrupted(w), 0u);
+  const tagmem_handoff_stats s = handoff_stats();
+  EXPECT_EQ(s.received_bytes, 2 * kPiece);
+  EXPECT_EQ(s.reload_waits, 1u);
+  EXPECT_EQ(s.reload_wait_timeouts, 0u);
+  giver->channel().send("exit");
+  EXPECT_EQ(giver->wait(), 0);
+}
+
+// Nobody gives: OUT_OF_MEMORY once the wait is over, naming it; the tag keeps its backup and
+// reloads every byte once there is room.
+TEST_F(HandoffWait, ReloadWaitTimesOutWithBackupIntact) {
+  setenv("TAGMEM_HANDOFF_WAIT_MS", "200", 1);
+  const tagmem_status init = tagmem_init(nullptr);
+  unsetenv("TAGMEM_HANDOFF_WAIT_MS");
+  ASSERT_EQ(init, TAGMEM_SUCCESS) << tagmem_last_error();
+  std::mt19937_64 rng(seed_);
+  tag_data w = fill_tag("w", 2, kPiece, rng);
+  const char* w_tag = "w";
+  ASSERT_EQ(tagmem_offload(&w_tag, 1, 0, TAGMEM_BACKUP), TAGMEM_SUCCESS) << tagmem_last_error();
+  ASSERT_EQ(tagmem_wait_released(0), TAGMEM_SUCCESS);
+  fill_device();
+  EXPECT_EQ(tagmem_reload(&w_tag, 1, 0), TAGMEM_ERROR_OUT_OF_MEMORY);
+  EXPECT_NE(std::string(tagmem_last_error()).find("TAGMEM_HANDOFF_WAIT_MS"), std::string::npos)
+      << tagmem_last_error();
+  tagmem_tag_stats ts{};
+  ASSERT_EQ(tagmem_tag_stats_get("w", 0, &ts), TAGMEM_SUCCESS);
+  EXPECT_EQ(ts.state, TAGMEM_OFFLOADED_BACKUP);
+  const tagmem_handoff_stats s = handoff_stats();
+  EXPECT_EQ(s.reload_waits, 1u);
+  EXPECT_EQ(s.reload_wait_timeouts, 1u);
+  reliability::emu().set_device_bytes(0, total_);
+  ASSERT_EQ(tagmem_reload(&w_tag, 1, 0), TAGMEM_SUCCESS) << tagmem_last_error();
+  EXPECT_EQ(corrupted(w), 0u);
+}
+
+// Memory handed to a process that never reloads goes back to the driver once held long enough.
+TEST_F(HandoffWait, ReceiverThatNeverMapsGivesBackAfterHold) {
+  setenv("TAGMEM_HANDOFF_HOLD_MS", "300", 1);
+  const tagmem_status init = tagmem_init(nullptr);
+  unsetenv("TAGMEM_HANDOFF_HOLD_MS");
+  ASSERT_EQ(init, TAGMEM_SUCCESS) << tagmem_last_error();
+  std::mt19937_64 rng(seed_);
+  tag_data w = fill_tag("w", 2, kPiece, rng);
+  const char* w_tag = "w";
+  ASSERT_EQ(tagmem_offload(&w_tag, 1, 0, TAGMEM_BACKUP), TAGMEM_SUCCESS) << tagmem_last_error();
+  ASSERT_EQ(tagmem_wait_released(0), TAGMEM_SUCCESS);
+  {
+    peer_process giver("resident_giver", "g");
+    giver.channel().send(std::to_string(seed_));
+    ASSERT_EQ(giver.channel().receive(), "resident");
+    giver.channel().send("offload");
+    EXPECT_EQ(giver.channel().receive(), "given " + std::to_string(2 * kPiece));
+    giver.channel().send("exit");
+    EXPECT_EQ(giver.wait(), 0);
+  }
+  EXPECT_TRUE(eventually([] { return handoff_stats().held_bytes == 0; }));
+  const tagmem_handoff_stats s = handoff_stats();
+  EXPECT_EQ(s.returned_bytes, 2 * kPiece);
+  EXPECT_EQ(s.mapped_received_bytes, 0u);
+  ASSERT_EQ(tagmem_wait_released(0), TAGMEM_SUCCESS);
+  EXPECT_EQ(reliability::emu().device_used_bytes(0), 0u) << "held memory still counted";
+  ASSERT_EQ(tagmem_reload(&w_tag, 1, 0), TAGMEM_SUCCESS) << tagmem_last_error();
+  EXPECT_EQ(corrupted(w), 0u);
+}
+
+}  // namespace
+}  // namespace tagmem::handoff_test
