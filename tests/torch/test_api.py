@@ -426,3 +426,21 @@ def test_a_missing_library_is_a_clear_error():
     )
     assert run.returncode == 0, run.stderr
     assert run.stdout.startswith("LibraryNotFound") and "/nonexistent/libtagmem.so.1" in run.stdout
+
+
+def test_handoff_is_refused_when_off_and_reports_like_the_c_struct_when_on(monkeypatch, tmp_path):
+    with pytest.raises(tagmem.InvalidArgumentError):
+        tagmem.handoff_expect()
+    tagmem.shutdown()
+    monkeypatch.setenv("TAGMEM_HANDOFF", "on")
+    monkeypatch.setenv("TAGMEM_JOB", f"python-{os.getpid()}")
+    monkeypatch.setenv("TAGMEM_PEER_DIR", str(tmp_path / "peers"))
+    tagmem.init()
+    stats = tagmem.handoff_stats()
+    assert list(stats) == _c_struct_fields("tagmem_handoff_stats")[1:]  # less struct_size
+    assert stats["listening"] is False and stats["received_bytes"] == 0
+    tagmem.handoff_expect(64 * MiB)
+    assert tagmem.handoff_stats()["listening"] is True
+    assert any(name.startswith("hoff-") for name in os.listdir(tmp_path / "peers"))
+    tagmem.handoff_cancel()
+    assert tagmem.handoff_stats()["listening"] is False

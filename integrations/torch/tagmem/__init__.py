@@ -43,6 +43,9 @@ from ._api import (
     tag,
     tags,
     wait_released,
+    handoff_expect,
+    handoff_cancel,
+    handoff_stats,
     release_physical,
     plan_offload,
 )
@@ -113,6 +116,9 @@ __all__ = [
     "tag",
     "tags",
     "wait_released",
+    "handoff_expect",
+    "handoff_cancel",
+    "handoff_stats",
     "release_physical",
     "plan_offload",
 ]

@@ -188,6 +188,33 @@ def release_physical(device=None):
     _errors.check(_lib.lib().tagmem_release_physical(_device(device)))
 
 
+def handoff_expect(nbytes=0, device=None):
+    """With TAGMEM_HANDOFF=on: this process will reload about `nbytes` on the device (0: what its
+    offloaded tags map), so the job's processes hand it the device memory they give up meanwhile
+    instead of returning it to the driver (held at most TAGMEM_HANDOFF_HOLD_MS). The latest call
+    wins; a reload covers it. See docs/handoff.md."""
+    _errors.check(
+        _lib.lib().tagmem_handoff_expect(_device(device), _args.size(nbytes, "nbytes"))
+    )
+
+
+def handoff_cancel(device=None):
+    """Stops what handoff_expect() started; memory held for it goes back to the driver."""
+    _errors.check(_lib.lib().tagmem_handoff_cancel(_device(device)))
+
+
+def handoff_stats(device=None):
+    """The device's handoff figures as a dict (tagmem_handoff_stats): bytes given, received,
+    mapped without creating memory, returned unmapped, held now; peers refused; reload waits."""
+    out = _lib.HandoffStats()
+    out.struct_size = ctypes.sizeof(out)
+    _errors.check(_lib.lib().tagmem_handoff_stats_get(_device(device), ctypes.byref(out)))
+    d = _as_dict(out)
+    d.pop("struct_size")
+    d["listening"] = bool(d["listening"])
+    return d
+
+
 def plan_offload(tag, mode=BACKUP, device=None):
     """Says how `tag` will be offloaded. BACKUP: while it grows, host memory for its backup is
     pinned in the background (within the host budget; TAGMEM_PIN_AHEAD=off turns that off), so

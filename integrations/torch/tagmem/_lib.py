@@ -90,6 +90,26 @@ class DeviceStats(ctypes.Structure):
     ]
 
 
+class HandoffStats(ctypes.Structure):
+    """tagmem_handoff_stats."""
+
+    _fields_ = [
+        ("struct_size", _SIZE),
+        ("given_bytes", _U64),
+        ("given_handles", _U64),
+        ("received_bytes", _U64),
+        ("received_handles", _U64),
+        ("mapped_received_bytes", _U64),
+        ("returned_bytes", _U64),
+        ("held_bytes", _SIZE),
+        ("refused_peers", _U64),
+        ("reload_waits", _U64),
+        ("reload_wait_timeouts", _U64),
+        ("reload_wait_ns", _U64),
+        ("listening", ctypes.c_int),
+    ]
+
+
 _STATUS = ctypes.c_int
 _VOIDP = ctypes.c_void_p
 _NAMES = ctypes.POINTER(ctypes.c_char_p)
@@ -127,6 +147,9 @@ _PROTOTYPES = {
     "tagmem_empty_cache": (_STATUS, [ctypes.c_int]),
     "tagmem_wait_released": (_STATUS, [ctypes.c_int]),
     "tagmem_release_physical": (_STATUS, [ctypes.c_int]),
+    "tagmem_handoff_expect": (_STATUS, [ctypes.c_int, _SIZE]),
+    "tagmem_handoff_cancel": (_STATUS, [ctypes.c_int]),
+    "tagmem_handoff_stats_get": (_STATUS, [ctypes.c_int, ctypes.POINTER(HandoffStats)]),
     "tagmem_tag_plan_offload": (_STATUS, [ctypes.c_char_p, ctypes.c_int, ctypes.c_int]),
     "tagmem_host_reserve": (_STATUS, [_SIZE, ctypes.c_int]),
     "tagmem_host_trim": (_STATUS, [_SIZE]),
