@@ -11,6 +11,7 @@
 #include <cstring>
 #include <ctime>
 #include <fstream>
+#include <sstream>
 #include <stdexcept>
 #include <thread>
 
@@ -242,6 +243,15 @@ void results::write_json(const std::string& path) const {
         << ", \"value\": " << json_value(r.value) << ", \"label\": " << json_quoted(r.note) << "}";
   }
   out << "\n  ]\n}\n";
+}
+
+std::vector<std::string> split(const std::string& list) {
+  std::vector<std::string> out;
+  std::stringstream ss(list);
+  for (std::string item; std::getline(ss, item, ',');) {
+    if (!item.empty()) out.push_back(item);
+  }
+  return out;
 }
 
 }  // namespace tagmem::bench

@@ -11,6 +11,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 #include <map>
 #include <string>
 #include <vector>
@@ -92,5 +93,37 @@ class results {
   std::vector<result_row> rows_;
 };
 std::string fixed(double v, int digits);
+
+// The non-empty items of a comma-separated list.
+std::vector<std::string> split(const std::string& list);
+
+// Sets environment variables for its lifetime (children started meanwhile inherit them), then
+// restores what was there.
+class env_override {
+ public:
+  explicit env_override(const std::vector<std::pair<std::string, std::string>>& vars) {
+    for (const auto& [name, value] : vars) {
+      const char* old = std::getenv(name.c_str());
+      saved_.push_back({name, old ? old : "", old != nullptr});
+      setenv(name.c_str(), value.c_str(), 1);
+    }
+  }
+  ~env_override() {
+    for (const saved& s : saved_) {
+      if (s.was_set) {
+        setenv(s.name.c_str(), s.value.c_str(), 1);
+      } else {
+        unsetenv(s.name.c_str());
+      }
+    }
+  }
+
+ private:
+  struct saved {
+    std::string name, value;
+    bool was_set;
+  };
+  std::vector<saved> saved_;
+};
 
 }  // namespace tagmem::bench

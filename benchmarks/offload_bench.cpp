@@ -11,6 +11,7 @@
 //                        [--rl-variants=default,copy_engines,kernel_always,no_pin_ahead,
 //                        keep,settle,no_kv]
 //                        [--rl-discard-sweep=1G,2G,4G,8G]
+//                        [--rl-two-variants=default,handoff] [--rl-two-shapes=roomy,tight]
 //
 // --scale multiplies every default size (16.06 GB of weights, 60 GiB of kv cache, 4 GiB for the
 // raw link) so the same binary runs on the emulator (e.g. --scale=0.01). tagmem's own knobs
@@ -59,7 +60,8 @@ std::size_t pattern_size(const options& opt) {
 int main(int argc, char** argv) {
   args a(argc, argv,
          {"scenarios", "scale", "cycles", "swap-cycles", "small-count", "kv-bytes", "link-bytes",
-          "tsv", "link", "rl-variants", "rl-discard-sweep", "rl-role"});
+          "tsv", "link", "rl-variants", "rl-discard-sweep", "rl-role", "rl-two-variants",
+          "rl-two-shapes"});
   if (!a.ok()) {
     std::fprintf(stderr, "tagmem_bench_offload: %s\n", a.error().c_str());
     return 2;
@@ -76,6 +78,8 @@ int main(int argc, char** argv) {
                 std::max<std::size_t>(64u << 20, std::size_t(4.0 * (1ull << 30) * opt.scale)));
     opt.rl_variants = a.str("rl-variants", opt.rl_variants);
     opt.rl_discard_sweep = a.str("rl-discard-sweep", "");
+    opt.rl_two_variants = a.str("rl-two-variants", opt.rl_two_variants);
+    opt.rl_two_shapes = a.str("rl-two-shapes", opt.rl_two_shapes);
   } catch (const std::exception& ex) {
     std::fprintf(stderr, "tagmem_bench_offload: bad option: %s\n", ex.what());
     return 2;

@@ -35,34 +35,6 @@
 namespace tagmem::bench {
 namespace {
 
-// Sets environment variables for its lifetime, restoring what was there.
-class env_override {
- public:
-  explicit env_override(const std::vector<std::pair<std::string, std::string>>& vars) {
-    for (const auto& [name, value] : vars) {
-      const char* old = std::getenv(name.c_str());
-      saved_.push_back({name, old ? old : "", old != nullptr});
-      setenv(name.c_str(), value.c_str(), 1);
-    }
-  }
-  ~env_override() {
-    for (const saved& s : saved_) {
-      if (s.was_set) {
-        setenv(s.name.c_str(), s.value.c_str(), 1);
-      } else {
-        unsetenv(s.name.c_str());
-      }
-    }
-  }
-
- private:
-  struct saved {
-    std::string name, value;
-    bool was_set;
-  };
-  std::vector<saved> saved_;
-};
-
 struct variant {
   std::string label;
   std::vector<std::pair<std::string, std::string>> env;
@@ -166,15 +138,6 @@ void report(env& e, const variant& v, const cycle_times& t, std::size_t trainer_
   }
   e.out.add(name, "whole cycle s (c1 / steady)", c1_steady(whole, 1, 3),
             "c1/steady " + fixed(whole[0] / steady(whole), 2) + " (target <= 1.5)");
-}
-
-std::vector<std::string> split(const std::string& list) {
-  std::vector<std::string> out;
-  std::stringstream ss(list);
-  for (std::string item; std::getline(ss, item, ',');) {
-    if (!item.empty()) out.push_back(item);
-  }
-  return out;
 }
 
 }  // namespace

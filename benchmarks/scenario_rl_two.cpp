@@ -8,14 +8,32 @@
 // (DISCARD); every tag is planned, so both pin ahead. Each child times its own calls; a cycle is
 // engine pause, trainer resume, trainer pause, engine resume. Cycle 1 is reported apart, and each
 // side verifies its bytes after its resume in cycle 1 and in the last cycle.
+//
+// Variants (--rl-two-variants): `default`, memory back with the driver between the two sides;
+// `handoff`, TAGMEM_HANDOFF=on with one TAGMEM_JOB for both children, so what one side offloads
+// goes to the other (Note [handoff]). Shapes (--rl-two-shapes): `roomy`, the sizes as given;
+// `tight`, where the runner maps a ballast once both sides exist, so that with the engine resident
+// under 2 GiB (at most 1/16 of the trainer side) stays free, as when its kv cache fills the
+// device: the trainer fits only as the engine leaves, and the engine only with the trainer's
+// memory back. Each (variant, shape) runs in fresh children. A switch is timed
+// from the start of the outgoing pause to the end of the incoming resume (CLOCK_MONOTONIC, one
+// clock for both children), and set beside two limits from this run's raw link: sequential
+// (B_out/D2H + B_in/H2D) and overlapped (max(B_in/H2D, B_out/D2H, (B_in + B_out)/bidir,
+// and, when B_in > F + D, (B_in - F - D)/D2H + min(P, B_in)/H2D); B: BACKUP bytes, D: DISCARD
+// bytes handed at once, F: free device memory at the switch start, P: the largest mapping,
+// TAGMEM_MAX_MAPPING_BYTES's default). A thread of the runner samples free device memory
+// throughout; its minimum is reported.
 #include <fcntl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <atomic>
 #include <cstdio>
 #include <cstring>
 #include <memory>
 #include <stdexcept>
+#include <thread>
 
 #include "scenarios.hpp"
 
@@ -35,7 +53,18 @@ struct side {
   bool engine = false;
 };
 
-double pause(side& s) {
+std::int64_t ns(clock::time_point t) {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(t.time_since_epoch()).count();
+}
+
+// "ok <seconds> <t0_ns> <t1_ns>": the call's time and its ends on the shared monotonic clock.
+std::string timed_reply(clock::time_point t0) {
+  const clock::time_point t1 = clock::now();
+  return "ok " + std::to_string(std::chrono::duration<double>(t1 - t0).count()) + " " +
+         std::to_string(ns(t0)) + " " + std::to_string(ns(t1));
+}
+
+std::string pause(side& s) {
   sync_device();
   auto t0 = clock::now();
   if (s.engine) {
@@ -45,10 +74,10 @@ double pause(side& s) {
     check(tagmem_offload(kTrainer, 2, 0, TAGMEM_BACKUP), "pause (trainer)");
   }
   check(tagmem_wait_released(0), "tagmem_wait_released");
-  return seconds_since(t0);
+  return timed_reply(t0);
 }
 
-double resume(side& s) {
+std::string resume(side& s) {
   sync_device();
   auto t0 = clock::now();
   if (s.engine) {
@@ -56,7 +85,15 @@ double resume(side& s) {
   } else {
     check(tagmem_reload(kTrainer, 2, 0), "resume (trainer)");
   }
-  return seconds_since(t0);
+  return timed_reply(t0);
+}
+
+// "ok 0 <received bytes> <of those mapped>" of this side's handoff; zeros without it.
+std::string handoff_reply() {
+  tagmem_handoff_stats h{};
+  h.struct_size = sizeof h;
+  if (tagmem_handoff_stats_get(0, &h) != TAGMEM_SUCCESS) return "ok 0 0 0";
+  return "ok 0 " + std::to_string(h.received_bytes) + " " + std::to_string(h.mapped_received_bytes);
 }
 
 bool verify_side(env& e, side& s, int round) {
@@ -66,19 +103,29 @@ bool verify_side(env& e, side& s, int round) {
   return ok;
 }
 
-// Sends one command and reads the reply line ("ok <seconds>" or "fail <why>").
-double ask(FILE* to, FILE* from, const char* who, const char* command) {
+// A reply: "ok <seconds> [<a> <b>]" (a, b: the call's ends in ns, or two byte counts).
+struct answer {
+  double seconds = 0;
+  double a = 0, b = 0;
+};
+
+// Sends one command and reads the reply line ("ok ..." or "fail <why>").
+answer ask_full(FILE* to, FILE* from, const char* who, const char* command) {
   std::fprintf(to, "%s\n", command);
   std::fflush(to);
   char line[1024];
   if (!std::fgets(line, sizeof line, from)) {
     throw std::runtime_error(std::string(who) + " died during '" + command + "'");
   }
-  double seconds = 0;
-  if (std::sscanf(line, "ok %lf", &seconds) != 1) {
+  answer r;
+  if (std::sscanf(line, "ok %lf %lf %lf", &r.seconds, &r.a, &r.b) < 1) {
     throw std::runtime_error(std::string(who) + " '" + command + "': " + line);
   }
-  return seconds;
+  return r;
+}
+
+double ask(FILE* to, FILE* from, const char* who, const char* command) {
+  return ask_full(to, from, who, command).seconds;
 }
 
 struct child {
@@ -179,9 +226,11 @@ int run_rl_role(env& e, const std::string& role) {
         if (cmd == "ready") {
           reply("ok 0");
         } else if (cmd == "pause") {
-          reply("ok " + std::to_string(pause(s)));
+          reply(pause(s));
         } else if (cmd == "resume") {
-          reply("ok " + std::to_string(resume(s)));
+          reply(resume(s));
+        } else if (cmd == "handoff") {
+          reply(handoff_reply());
         } else if (cmd == "verify") {
           reply(verify_side(e, s, ++round) ? "ok 0" : "fail bytes differ");
         } else {
@@ -200,27 +249,116 @@ int run_rl_role(env& e, const std::string& role) {
   return 0;
 }
 
-void run_rl_two_process(env& e, const std::vector<std::string>& child_args) {
-  const std::string name = "rl_two_process";
+namespace {
+
+struct two_variant {
+  std::string name;
+  bool handoff = false;
+};
+
+// Free device memory, sampled every millisecond on a thread of the runner; the minimum.
+class free_sampler {
+ public:
+  free_sampler() : thread_([this] { run(); }) {}
+  ~free_sampler() {
+    stop_ = true;
+    thread_.join();
+  }
+  std::size_t min() const { return min_; }
+
+ private:
+  void run() {
+    while (!stop_) {
+      const tagmem_device_stats d = device_stats();
+      min_ = std::min<std::size_t>(min_, d.device_free_bytes);
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+  }
+  std::atomic<bool> stop_{false};
+  std::atomic<std::size_t> min_{~std::size_t{0}};
+  std::thread thread_;
+};
+
+// The limits of one switch direction (see the top of this file), in seconds.
+struct limits {
+  double sequential = 0, overlapped = 0;
+};
+
+limits limits_of(const link_speed& l, double b_out, double b_in, double d, double f, double p) {
+  limits r;
+  r.sequential = b_out / (l.d2h * 1e9) + b_in / (l.h2d * 1e9);
+  // Bytes that fit neither in free memory nor in what DISCARD hands over at once come from the
+  // out-side's BACKUP mappings, no faster than D2H copies them; the last run still comes in after.
+  const double short_bytes = std::max(0.0, b_in - f - d);
+  const double tight =
+      short_bytes > 0 ? short_bytes / (l.d2h * 1e9) + std::min(p, b_in) / (l.h2d * 1e9) : 0;
+  r.overlapped = std::max(
+      {b_in / (l.h2d * 1e9), b_out / (l.d2h * 1e9), (b_in + b_out) / (l.bidir * 1e9), tight});
+  // Where both directions at once are slower than one after the other (an emulated link), the
+  // two sides would take turns.
+  r.overlapped = std::min(r.overlapped, r.sequential);
+  return r;
+}
+
+void run_one(env& e, const std::vector<std::string>& child_args, const two_variant& v,
+             const std::string& shape) {
+  const bool plain = v.name == "default" && shape == "roomy";
+  const std::string name =
+      plain ? std::string("rl_two_process") : "rl_two_process[" + v.name + "," + shape + "]";
   auto args_for = [&](const char* role) {
     std::vector<std::string> a = {"tagmem_bench_offload", std::string("--rl-role=") + role};
     a.insert(a.end(), child_args.begin(), child_args.end());
     return a;
   };
+  session runner;  // the ballast and the free-memory samples; before the variant's settings
+  std::vector<std::pair<std::string, std::string>> vars;
+  if (v.handoff) {
+    vars = {{"TAGMEM_HANDOFF", "on"},
+            {"TAGMEM_JOB", "rl-two-" + std::to_string(getpid()) + "-" + shape}};
+  }
+  env_override settings(vars);
+  const std::size_t weights = sum(weights_sizes(e.opt.scale));
+  const double trainer_bytes = 2.0 * weights;
   child trainer{"trainer"}, engine{"engine"};
-  std::vector<double> ep, tr, tp, er;
+  std::vector<double> ep, tr, tp, er, to_trainer, to_engine;
+  std::vector<double> free_to_trainer, free_to_engine;
+  std::vector<void*> ballast;
+  answer trainer_handoff, engine_handoff;
+  std::size_t min_free = 0;
   bool ok = true;
   try {
+    free_sampler sampler;
     trainer = spawn("trainer", args_for("trainer"));
     ask(trainer.to, trainer.from, "trainer", "pause");  // so that the engine fits
     engine = spawn("engine", args_for("engine"));
+    if (shape == "tight") {
+      const std::size_t left =
+          std::min<std::size_t>(std::size_t(trainer_bytes / 16), std::size_t(3) << 29);
+      std::size_t b = device_stats().device_free_bytes;
+      b = b > left ? (b - left) / (2u << 20) * (2u << 20) : 0;
+      for (std::size_t at = 0; at < b;) {
+        const std::size_t n = std::min<std::size_t>(b - at, std::size_t(1) << 30);
+        void* p = nullptr;
+        check(tagmem_malloc_tagged(&p, n, "rl_two_ballast", 0, nullptr), "ballast");
+        ballast.push_back(p);
+        at += n;
+      }
+    }
     for (int c = 1; c <= e.opt.cycles; ++c) {
       const bool check_now = c == 1 || c == e.opt.cycles;
-      ep.push_back(ask(engine.to, engine.from, "engine", "pause"));
-      tr.push_back(ask(trainer.to, trainer.from, "trainer", "resume"));
+      free_to_trainer.push_back(double(device_stats().device_free_bytes));
+      const answer a = ask_full(engine.to, engine.from, "engine", "pause");
+      const answer b = ask_full(trainer.to, trainer.from, "trainer", "resume");
+      ep.push_back(a.seconds);
+      tr.push_back(b.seconds);
+      to_trainer.push_back((b.b - a.a) / 1e9);
       if (check_now) ask(trainer.to, trainer.from, "trainer", "verify");
-      tp.push_back(ask(trainer.to, trainer.from, "trainer", "pause"));
-      er.push_back(ask(engine.to, engine.from, "engine", "resume"));
+      free_to_engine.push_back(double(device_stats().device_free_bytes));
+      const answer c2 = ask_full(trainer.to, trainer.from, "trainer", "pause");
+      const answer d = ask_full(engine.to, engine.from, "engine", "resume");
+      tp.push_back(c2.seconds);
+      er.push_back(d.seconds);
+      to_engine.push_back((d.b - c2.a) / 1e9);
       if (check_now) ask(engine.to, engine.from, "engine", "verify");
       std::printf(
           "[%s] cycle %d: engine pause %.1f ms, trainer resume %.1f ms, trainer pause %.1f ms, "
@@ -228,6 +366,9 @@ void run_rl_two_process(env& e, const std::vector<std::string>& child_args) {
           name.c_str(), c, ep.back() * 1e3, tr.back() * 1e3, tp.back() * 1e3, er.back() * 1e3);
       std::fflush(stdout);
     }
+    trainer_handoff = ask_full(trainer.to, trainer.from, "trainer", "handoff");
+    engine_handoff = ask_full(engine.to, engine.from, "engine", "handoff");
+    min_free = sampler.min();
   } catch (const std::exception& ex) {
     std::printf("[%s] ERROR: %s\n", name.c_str(), ex.what());
     ok = false;
@@ -240,21 +381,67 @@ void run_rl_two_process(env& e, const std::vector<std::string>& child_args) {
       ok = false;
     }
   }
+  for (void* p : ballast) tagmem_free(p, nullptr);
   if (!ok || ep.size() < 2) {
     e.ok = false;
     e.out.add(name, "ERROR", "-", "see the log");
     return;
   }
-  const double trainer_gb = 2.0 * sum(weights_sizes(e.opt.scale)) / 1e9;
+  const double kv = double(e.opt.kv_bytes / 32 / (2u << 20) * (2u << 20)) * 32;
   std::vector<double> rest(tr.begin() + 1, tr.end());
-  const double rate = trainer_gb / median(rest);
-  e.out.add(name, "engine pause ms (c1 / steady)", c1_steady_ms(ep), "memory back with the driver");
+  const double rate = trainer_bytes / 1e9 / median(rest);
+  e.out.add(
+      name, "engine pause ms (c1 / steady)", c1_steady_ms(ep),
+      v.handoff ? "memory to the trainer, the rest to the driver" : "memory back with the driver");
   e.out.add(name, "trainer resume ms (c1 / steady)", c1_steady_ms(tr),
             fixed(rate, 1) + " GB/s steady = " + fixed(rate / e.link.h2d, 3) +
                 " of link (target >= 0.95)");
-  e.out.add(name, "trainer pause ms (c1 / steady)", c1_steady_ms(tp),
-            "memory back with the driver");
+  e.out.add(
+      name, "trainer pause ms (c1 / steady)", c1_steady_ms(tp),
+      v.handoff ? "memory to the engine, the rest to the driver" : "memory back with the driver");
   e.out.add(name, "engine resume ms (c1 / steady)", c1_steady_ms(er), "weights + kv");
+  if (plain) return;                              // the rows of the plain run stay as they were
+  const double p = double(std::size_t(1) << 30);  // TAGMEM_MAX_MAPPING_BYTES's default
+  const limits lt =
+      limits_of(e.link, double(weights), trainer_bytes, kv,
+                median(std::vector<double>(free_to_trainer.begin() + 1, free_to_trainer.end())), p);
+  const limits le =
+      limits_of(e.link, trainer_bytes, double(weights), 0,
+                median(std::vector<double>(free_to_engine.begin() + 1, free_to_engine.end())), p);
+  auto direction = [&](const char* to, const std::vector<double>& sw, const limits& l) {
+    std::vector<double> steady(sw.begin() + 1, sw.end());
+    e.out.add(name, std::string("switch to ") + to + " ms (c1 / steady)", c1_steady_ms(sw),
+              "sequential limit " + fixed(l.sequential * 1e3, 1) + " ms, overlapped limit " +
+                  fixed(l.overlapped * 1e3, 1) + " ms; steady / overlapped " +
+                  fixed(median(steady) / l.overlapped, 3) + " (target <= 1.1)");
+  };
+  direction("trainer", to_trainer, lt);
+  direction("engine", to_engine, le);
+  e.out.add(name, "received by trainer / engine (GB, all cycles)",
+            fixed(trainer_handoff.a / 1e9, 2) + " / " + fixed(engine_handoff.a / 1e9, 2),
+            fixed(trainer_handoff.b / 1e9, 2) + " / " + fixed(engine_handoff.b / 1e9, 2) +
+                " mapped without cuMemCreate");
+  e.out.add(name, "min free device memory (MiB)", fixed(double(min_free) / (1ull << 20), 1),
+            "sampled every ms in the runner; the two sides never exceed the device");
+}
+
+}  // namespace
+
+void run_rl_two_process(env& e, const std::vector<std::string>& child_args) {
+  std::vector<two_variant> variants;
+  for (const std::string& want : split(e.opt.rl_two_variants)) {
+    if (want != "default" && want != "handoff") {
+      throw std::runtime_error("--rl-two-variants: unknown variant '" + want +
+                               "' (default, handoff)");
+    }
+    variants.push_back({want, want == "handoff"});
+  }
+  for (const std::string& shape : split(e.opt.rl_two_shapes)) {
+    if (shape != "roomy" && shape != "tight") {
+      throw std::runtime_error("--rl-two-shapes: unknown shape '" + shape + "' (roomy, tight)");
+    }
+    for (const two_variant& v : variants) run_one(e, child_args, v, shape);
+  }
 }
 
 }  // namespace tagmem::bench

@@ -26,6 +26,8 @@ struct options {
   std::size_t link_bytes = 0;       // 4 GiB x scale (at least 64 MiB) unless given
   std::string rl_variants = "default,no_pin_ahead,keep,settle,no_kv";  // scenario_rl_cycle.cpp
   std::string rl_discard_sweep;  // TAGMEM_DISCARD_MAPPING_BYTES values for rl_cycle, "1G,2G"
+  std::string rl_two_variants = "default";  // scenario_rl_two.cpp: default, handoff
+  std::string rl_two_shapes = "roomy";      // scenario_rl_two.cpp: roomy, tight
 };
 
 struct link_speed {
