@@ -281,9 +281,9 @@ TEST(Jobs, AnotherUserOwningTheOldDefaultDirectoryBlocksNothing) {
 
 TEST(Jobs, WithoutAJobIdentityTheCallNamesTheSetting) {
   scoped_env a("TAGMEM_NCCL_JOB", nullptr), b("TORCHELASTIC_RUN_ID", "none"),
-      c("SLURM_JOB_ID", nullptr);
+      c("SLURM_JOB_ID", nullptr), e("TAGMEM_JOB", nullptr);
   EXPECT_EQ(shim().pause(nullptr, 0, 1, 500), TAGMEM_ERROR_INVALID_ARGUMENT);
-  EXPECT_TRUE(mentions(shim().last_error(), "set TAGMEM_NCCL_JOB")) << shim().last_error();
+  EXPECT_TRUE(mentions(shim().last_error(), "set TAGMEM_JOB")) << shim().last_error();
   scoped_env d("TORCHELASTIC_RUN_ID", "3f6c-run");
   ASSERT_EQ(shim().pause(nullptr, 0, 1, 500), TAGMEM_SUCCESS) << shim().last_error();
   ASSERT_EQ(shim().resume(nullptr, 0, 1, 500), TAGMEM_SUCCESS) << shim().last_error();
