@@ -91,7 +91,6 @@ std::string resume(side& s) {
 // "ok 0 <received bytes> <of those mapped>" of this side's handoff; zeros without it.
 std::string handoff_reply() {
   tagmem_handoff_stats h{};
-  h.struct_size = sizeof h;
   if (tagmem_handoff_stats_get(0, &h) != TAGMEM_SUCCESS) return "ok 0 0 0";
   return "ok 0 " + std::to_string(h.received_bytes) + " " + std::to_string(h.mapped_received_bytes);
 }

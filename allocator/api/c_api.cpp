@@ -306,16 +306,15 @@ tagmem_status tagmem_handoff_cancel(int device) {
   return guarded([&](registry& r) { handoff_of(r, device).cancel(); });
 }
 
-tagmem_status tagmem_handoff_stats_get(int device, tagmem_handoff_stats* out) {
+tagmem_status tagmem_handoff_stats_get_sized(int device, tagmem_handoff_stats* out,
+                                             size_t out_size) {
   return guarded([&](registry& r) {
     expect_non_null(out, "out");
-    TAGMEM_EXPECTS(out->struct_size >= sizeof(size_t) && out->struct_size <= (1u << 20),
-                   TAGMEM_ERROR_INVALID_ARGUMENT,
-                   "tagmem_handoff_stats.struct_size is not set (sizeof the struct)");
+    check_struct_size(out_size, sizeof(tagmem_handoff_stats), sizeof(tagmem_handoff_stats),
+                      "tagmem_handoff_stats");
     handoff::service& h = handoff_of(r, device);
     const handoff::counters& c = h.stats();
     tagmem_handoff_stats s{};
-    s.struct_size = std::min<size_t>(out->struct_size, sizeof s);
     s.given_bytes = c.given_bytes;
     s.given_handles = c.given_handles;
     s.received_bytes = c.received_bytes;
@@ -328,7 +327,7 @@ tagmem_status tagmem_handoff_stats_get(int device, tagmem_handoff_stats* out) {
     s.reload_wait_timeouts = c.reload_wait_timeouts;
     s.reload_wait_ns = c.reload_wait_ns;
     s.listening = h.listening() ? 1 : 0;
-    std::memcpy(out, &s, s.struct_size);  // an older caller's struct gets its prefix
+    write_sized(s, out, out_size, sizeof(tagmem_handoff_stats), "tagmem_handoff_stats");
   });
 }
 

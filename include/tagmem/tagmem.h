@@ -422,7 +422,6 @@ TAGMEM_API tagmem_status tagmem_trace_flush(void);
  * tagmem_wait_released and tagmem_release_physical also give back memory received and not mapped;
  * release_pending_bytes counts it. */
 typedef struct tagmem_handoff_stats {
-  size_t struct_size;             /* set by the caller; fields may be appended */
   uint64_t given_bytes;           /* ever: handed to processes of the job */
   uint64_t given_handles;         /* ever */
   uint64_t received_bytes;        /* ever: handed to this process */
@@ -445,9 +444,13 @@ TAGMEM_API tagmem_status tagmem_handoff_expect(int device, size_t bytes);
 /* Stops what tagmem_handoff_expect started; memory held for it goes back to the driver. Errors:
  * INVALID_ARGUMENT (handoff off, bad device). Thread-safe. */
 TAGMEM_API tagmem_status tagmem_handoff_cancel(int device);
-/* The device's handoff figures. Errors: INVALID_ARGUMENT (null out, struct_size not set, handoff
- * off, bad device). Thread-safe. */
-TAGMEM_API tagmem_status tagmem_handoff_stats_get(int device, tagmem_handoff_stats* out);
+/* The device's handoff figures, written to the `out_size` bytes at `out`. Call it through
+ * tagmem_handoff_stats_get(device, out), which passes sizeof(*out). Errors: INVALID_ARGUMENT (null
+ * out, not a tagmem_handoff_stats's size, handoff off, bad device). Thread-safe. */
+TAGMEM_API tagmem_status tagmem_handoff_stats_get_sized(int device, tagmem_handoff_stats* out,
+                                                        size_t out_size);
+#define tagmem_handoff_stats_get(device, out) \
+  tagmem_handoff_stats_get_sized((device), (out), sizeof(*(out)))
 
 #ifdef __cplusplus
 }

@@ -94,7 +94,6 @@ std::size_t corrupted(const tag_data& d) {
 
 tagmem_handoff_stats handoff_stats(int device) {
   tagmem_handoff_stats s{};
-  s.struct_size = sizeof s;
   check(tagmem_handoff_stats_get(device, &s), "tagmem_handoff_stats_get");
   return s;
 }

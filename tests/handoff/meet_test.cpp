@@ -291,7 +291,6 @@ TEST(HandoffOff, CallsFailAndNothingListens) {
   ASSERT_EQ(tagmem_init(nullptr), TAGMEM_SUCCESS) << tagmem_last_error();
   EXPECT_EQ(tagmem_handoff_expect(0, 0), TAGMEM_ERROR_INVALID_ARGUMENT);
   tagmem_handoff_stats s{};
-  s.struct_size = sizeof s;
   EXPECT_EQ(tagmem_handoff_stats_get(0, &s), TAGMEM_ERROR_INVALID_ARGUMENT);
   tagmem_shutdown();
   setenv("TAGMEM_HANDOFF", "on", 1);

@@ -207,10 +207,12 @@ def handoff_stats(device=None):
     """The device's handoff figures as a dict (tagmem_handoff_stats): bytes given, received,
     mapped without creating memory, returned unmapped, held now; peers refused; reload waits."""
     out = _lib.HandoffStats()
-    out.struct_size = ctypes.sizeof(out)
-    _errors.check(_lib.lib().tagmem_handoff_stats_get(_device(device), ctypes.byref(out)))
+    _errors.check(
+        _lib.lib().tagmem_handoff_stats_get_sized(
+            _device(device), ctypes.byref(out), ctypes.sizeof(out)
+        )
+    )
     d = _as_dict(out)
-    d.pop("struct_size")
     d["listening"] = bool(d["listening"])
     return d
 

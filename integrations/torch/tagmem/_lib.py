@@ -94,7 +94,6 @@ class HandoffStats(ctypes.Structure):
     """tagmem_handoff_stats."""
 
     _fields_ = [
-        ("struct_size", _SIZE),
         ("given_bytes", _U64),
         ("given_handles", _U64),
         ("received_bytes", _U64),
@@ -149,7 +148,10 @@ _PROTOTYPES = {
     "tagmem_release_physical": (_STATUS, [ctypes.c_int]),
     "tagmem_handoff_expect": (_STATUS, [ctypes.c_int, _SIZE]),
     "tagmem_handoff_cancel": (_STATUS, [ctypes.c_int]),
-    "tagmem_handoff_stats_get": (_STATUS, [ctypes.c_int, ctypes.POINTER(HandoffStats)]),
+    "tagmem_handoff_stats_get_sized": (
+        _STATUS,
+        [ctypes.c_int, ctypes.POINTER(HandoffStats), ctypes.c_size_t],
+    ),
     "tagmem_tag_plan_offload": (_STATUS, [ctypes.c_char_p, ctypes.c_int, ctypes.c_int]),
     "tagmem_host_reserve": (_STATUS, [_SIZE, ctypes.c_int]),
     "tagmem_host_trim": (_STATUS, [_SIZE]),
