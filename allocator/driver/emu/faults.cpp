@@ -18,6 +18,7 @@
 
 #include "api.hpp"
 #include "emu_control.h"
+#include "option_table.hpp"
 
 namespace tagmem::emu {
 namespace {
@@ -56,7 +57,7 @@ struct fault_table {
   uint64_t kill_at = 0;
 
   fault_table() {
-    const char* at = std::getenv("TAGMEM_EMU_KILL_AT");
+    const char* at = std::getenv(tagmem::spec_of(tagmem::option::EMU_KILL_AT).name);
     if (!at || !*at) return;
     const std::string spec = at;
     const auto colon = spec.find(':');

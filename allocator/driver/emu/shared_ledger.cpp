@@ -14,6 +14,8 @@
 #include <string>
 #include <vector>
 
+#include "option_table.hpp"
+
 namespace tagmem::emu::ledger {
 namespace {
 
@@ -128,7 +130,7 @@ bool fits(int device, uint64_t size) {
 bool enabled(int devices, uint64_t bytes) {
   state& st = s();
   if (st.map) return true;
-  const char* path = std::getenv("TAGMEM_EMU_SHARED_DEVICES");
+  const char* path = std::getenv(tagmem::spec_of(tagmem::option::EMU_SHARED_DEVICES).name);
   if (!path || !*path) return false;
   const int fd = ::open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
   if (fd < 0) {
