@@ -126,13 +126,14 @@ if [[ ",$skip," != *",asan,"* ]]; then
   export TAGMEM_PEER_FUZZ_ROUNDS=${TAGMEM_PEER_FUZZ_ROUNDS:-40}
   export TAGMEM_PEER_FUZZ_SEED=${TAGMEM_PEER_FUZZ_SEED:-1}
   filter=$(built_emu_tests "$asan")
-  # Left out (the plain build runs both): host_budget_cgroup_emu sizes a memory cgroup for an
-  # uninstrumented process, and ASan's shadow memory and quarantine fill it first;
+  # Left out (the plain build runs them): host_budget_cgroup_emu and host_budget_active_cache_emu
+  # size a memory cgroup for an uninstrumented process, and ASan's shadow memory and quarantine
+  # fill it first;
   # preload_pause_sweep_emu (a minute plain) takes more than 15 minutes under ASan.
-  echo "[sanitizers] left out of the ASan run: host_budget_cgroup_emu, preload_pause_sweep_emu"
+  echo "[sanitizers] left out of the ASan run: host_budget_cgroup_emu, host_budget_active_cache_emu, preload_pause_sweep_emu"
   log=$asan/ctest-emu.log
   if (cd "$asan" && ctest -L emu -R "$filter" \
-        -E '^(host_budget_cgroup_emu|preload_pause_sweep_emu)$' -j "$jobs" \
+        -E '^(host_budget_cgroup_emu|host_budget_active_cache_emu|preload_pause_sweep_emu)$' -j "$jobs" \
         --timeout 1200 --output-on-failure \
         --output-log "$log" >"$asan.ctest.out" 2>&1) && scan "$log"; then
     summary+=("asan+ubsan: $(grep -E 'tests passed' "$asan.ctest.out" | tail -1) in $((SECONDS - start))s")
