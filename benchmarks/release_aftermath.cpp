@@ -26,8 +26,8 @@
 #include <thread>
 
 #include "bench_support.hpp"
-#include "transfer/copy_queue.hpp"
 #include "device/kernel_copy.hpp"
+#include "transfer/copy_queue.hpp"
 
 using namespace tagmem::bench;
 

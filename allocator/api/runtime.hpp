@@ -26,18 +26,18 @@
 #include <shared_mutex>
 
 #include "api/c_error.hpp"
-#include "options/config.hpp"
-#include "transfer/copy_queue.hpp"
+#include "api/tag_scope.hpp"
+#include "base/error.hpp"
 #include "device/device.hpp"
 #include "driver/driver.hpp"
-#include "base/error.hpp"
-#include "tags/external_tag.hpp"
 #include "host/host_store.hpp"
 #include "host/metadata_heap.hpp"
 #include "observe/log.hpp"
 #include "observe/trace.hpp"
+#include "options/config.hpp"
 #include "options/options.hpp"
-#include "api/tag_scope.hpp"
+#include "tags/external_tag.hpp"
+#include "transfer/copy_queue.hpp"
 
 namespace tagmem {
 

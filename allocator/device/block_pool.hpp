@@ -24,8 +24,8 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "host/metadata_heap.hpp"
 #include "device/vm_arena.hpp"
+#include "host/metadata_heap.hpp"
 
 namespace tagmem {
 

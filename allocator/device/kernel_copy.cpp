@@ -4,8 +4,8 @@
 #include <cstddef>
 #include <string>
 
-#include "driver/driver.hpp"
 #include "base/error.hpp"
+#include "driver/driver.hpp"
 #include "observe/log.hpp"
 
 namespace tagmem {

@@ -1,10 +1,10 @@
 // release_queue.cpp — the background release thread (Note [background release]).
 #include "device/release_queue.hpp"
 
-#include "driver/driver.hpp"
 #include "base/error.hpp"
-#include "observe/trace.hpp"
 #include "device/release_clock.hpp"
+#include "driver/driver.hpp"
+#include "observe/trace.hpp"
 
 namespace tagmem {
 

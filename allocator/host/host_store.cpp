@@ -13,8 +13,8 @@
 #include <utility>
 
 #include "base/byte_math.hpp"
-#include "driver/driver.hpp"
 #include "base/error.hpp"
+#include "driver/driver.hpp"
 #include "host/host_budget.hpp"
 
 namespace tagmem {

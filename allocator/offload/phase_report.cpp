@@ -5,10 +5,10 @@
 #include <string>
 #include <vector>
 
-#include "transfer/copy_clock.hpp"
 #include "driver/driver.hpp"
 #include "observe/log.hpp"
 #include "observe/trace.hpp"
+#include "transfer/copy_clock.hpp"
 
 namespace tagmem {
 namespace {

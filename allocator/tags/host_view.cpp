@@ -4,8 +4,8 @@
 #include <algorithm>
 #include <string>
 
-#include "tags/backup_retention.hpp"
 #include "base/error.hpp"
+#include "tags/backup_retention.hpp"
 
 namespace tagmem {
 

@@ -11,9 +11,9 @@
 #include <mutex>
 
 #include "device/block_pool.hpp"
-#include "transfer/copy_queue.hpp"  // backup_piece: where one range of an offloaded tag waits
-#include "host/host_store.hpp"
 #include "device/vm_arena.hpp"
+#include "host/host_store.hpp"
+#include "transfer/copy_queue.hpp"  // backup_piece: where one range of an offloaded tag waits
 
 namespace tagmem {
 

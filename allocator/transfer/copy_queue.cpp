@@ -5,11 +5,11 @@
 #include <algorithm>
 #include <thread>
 
-#include "transfer/copy_clock.hpp"
-#include "driver/driver.hpp"
 #include "base/error.hpp"
 #include "device/kernel_copy.hpp"
+#include "driver/driver.hpp"
 #include "observe/trace.hpp"
+#include "transfer/copy_clock.hpp"
 
 namespace tagmem {
 

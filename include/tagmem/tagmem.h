@@ -146,7 +146,8 @@ TAGMEM_API void tagmem_config_init_sized(tagmem_config* config, size_t size);
 #define tagmem_config_init(config) tagmem_config_init_sized((config), sizeof(*(config)))
 
 /* A tagmem_config with every field zero (the defaults) and the caller's struct_size. */
-#define TAGMEM_CONFIG_INIT {sizeof(tagmem_config), 0, 0, 0, 0, 0}
+#define TAGMEM_CONFIG_INIT \
+  { sizeof(tagmem_config), 0, 0, 0, 0, 0 }
 
 /* Initialises tagmem with `config` (NULL: defaults and environment). Loads the CUDA driver from
  * TAGMEM_LIBCUDA if set, else libcuda.so.1; it never falls back to anything else.

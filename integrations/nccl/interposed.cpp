@@ -14,8 +14,8 @@
 #include <mutex>
 #include <new>
 
-#include "records.hpp"
 #include "api/runtime.hpp"
+#include "records.hpp"
 
 namespace tagmem::nccl {
 namespace {

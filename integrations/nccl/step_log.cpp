@@ -3,8 +3,8 @@
 
 #include <string>
 
-#include "collective.hpp"
 #include "api/runtime.hpp"
+#include "collective.hpp"
 
 namespace tagmem::nccl {
 

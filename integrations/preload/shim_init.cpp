@@ -4,8 +4,8 @@
 // dlsym (Note [symbol resolver] in driver.cpp), so tagmem's own driver table holds the
 // driver's functions and never the shim's wrappers. The real dlsym/dlvsym and the environment
 // are resolved now too, rather than lazily inside somebody else's dlsym call.
-#include "real_symbols.hpp"
 #include "api/runtime.hpp"
+#include "real_symbols.hpp"
 #include "shim_config.hpp"
 
 namespace {

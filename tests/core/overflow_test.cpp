@@ -16,12 +16,12 @@
 #include <thread>
 
 #include "device/block_pool.hpp"
-#include "options/config.hpp"
 #include "device/device.hpp"
+#include "device/vm_arena.hpp"
 #include "host/host_pinning.hpp"
 #include "host/host_store.hpp"
+#include "options/config.hpp"
 #include "test_support.hpp"
-#include "device/vm_arena.hpp"
 
 namespace tagmem::test {
 namespace {

@@ -290,7 +290,8 @@ const shim_api& shim() {
 
 tagmem_nccl_stats shim_stats() {
   tagmem_nccl_stats s{};
-  if (shim().stats(&s, sizeof s) != TAGMEM_SUCCESS) die(std::string("stats: ") + shim().last_error());
+  if (shim().stats(&s, sizeof s) != TAGMEM_SUCCESS)
+    die(std::string("stats: ") + shim().last_error());
   return s;
 }
 

@@ -2,8 +2,8 @@
 //
 // Note [emu kernels]: the emulator runs no device code. A module loads from any non-null image
 // and offers one function, "tagmem_h2d_copy", the copy kernel tagmem launches for host-to-device
-// copies (allocator/device/kernel_copy.cu); any other name is CUDA_ERROR_NOT_FOUND. cuLaunchKernel of
-// it (copies.cpp) runs on its stream as a host-to-device copy, with the kernel's own rules: the
+// copies (allocator/device/kernel_copy.cu); any other name is CUDA_ERROR_NOT_FOUND. cuLaunchKernel
+// of it (copies.cpp) runs on its stream as a host-to-device copy, with the kernel's own rules: the
 // source must be pinned host memory (a kernel cannot read pageable memory), which is checked
 // when the copy executes, as a kernel faults then, not at launch.
 #include "modules.hpp"
