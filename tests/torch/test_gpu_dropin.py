@@ -169,6 +169,12 @@ def test_vllm_like_worker_imports_tagmem_allocator_and_sleeps_by_level(monkeypat
     assert_unchanged([worker.weights], updated)
     worker.sleep(level=1)
     allocator = tv.CuMemAllocator.get_instance()
-    allocator.discard(("weights",))
-    assert tt.state("weights") == "offloaded_discard"
+    # vLLM's discard() skips allocations that are asleep already: the weights keep the CPU
+    # backup level 1 made, and the wake-up restores it; the KV cache has nothing to keep.
+    allocator.discard(("weights", "kv_cache"))
+    assert (tt.state("weights"), tt.state("kv_cache")) == ("offloaded_backup", "offloaded_discard")
+    worker.wake_up()
+    assert_unchanged([worker.weights], updated)
+    allocator.discard(("kv_cache",))  # a resident tag: its bytes are dropped
+    assert (tt.state("weights"), tt.state("kv_cache")) == ("resident", "offloaded_discard")
     worker.wake_up()

@@ -125,11 +125,19 @@ def test_a_process_whose_ld_preload_named_the_shim_but_lacks_it_fails_at_first_u
     assert "did not load it" in child.get("error", ""), child
 
 
-def test_a_process_that_sets_ld_preload_for_its_children_is_not_refused(shim, preload_env):
-    # Only the environment the loader read at start counts, not what the process set since.
-    preload_env.setenv("LD_PRELOAD", shim)
-    tagmem.shutdown()
-    assert tagmem.library_origin() in (os.environ.get("TAGMEM_LIBRARY"), "process")
+def test_a_process_that_sets_ld_preload_for_its_children_is_not_refused(shim, tmp_path):
+    # Only the environment the loader read at start counts, not what the process set since: a
+    # child started without the shim names it on LD_PRELOAD (for its own children) before its
+    # first tagmem call, and loads libtagmem as it would have without that. A fresh process,
+    # because this one has bound its library already, wherever it found it.
+    env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
+    code = f"import os; os.environ['LD_PRELOAD'] = {shim!r}\n" + textwrap.dedent(CHILD)
+    done = subprocess.run([sys.executable, "-c", code], env=env, cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    child = json.loads(done.stdout.strip().splitlines()[-1])
+    assert not child["shim"] and child["mapped"] == [], child
+    assert "error" not in child and child["origin"] != "process", child
 
 
 def test_a_copy_of_the_shim_already_on_ld_preload_is_not_loaded_twice(shim, preload_env, tmp_path):

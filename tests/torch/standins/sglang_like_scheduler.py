@@ -24,11 +24,14 @@ def _run(nbytes, seed):
     import tagmem
     from gpu_support import capture_matmul_relu  # tests/torch, on the parent's sys.path
 
-    out = {"tagmem": getattr(torch_memory_saver, "__tagmem__", False), "mode": saver.hook_mode}
+    out = {"tagmem": getattr(torch_memory_saver, "__tagmem__", False)}
     out["ld_preload"] = os.environ.get("LD_PRELOAD", "")
     g = torch.Generator(device="cuda").manual_seed(seed)
     with saver.region(tag="weights", enable_cpu_backup=True):
         weights = torch.randn(nbytes // 4, device="cuda", generator=g)
+    # Read after first use: torch_memory_saver raises AttributeError on reading hook_mode (SGLang
+    # only sets it); tagmem's answers once the saver is initialised.
+    out["mode"] = saver.hook_mode
     with saver.region(tag="kv_cache"):
         pool = torch.cuda.MemPool()  # SGLang's pools enter their own MemPool inside the region
         with torch.cuda.use_mem_pool(pool):
