@@ -157,3 +157,50 @@ def test_dynamos_patch_adds_a_hook_mode_of_its_own():
     )
     assert child == {"calls": [["pause", "weights"], ["resume", None]], "binary": None,
                      "allocator": None}
+
+
+def test_configure_subprocess_finds_the_hook_library_through_mode_preload_where_tests_patch_it():
+    # fzyzcjy/torch_memory_saver test/test_configure_subprocess.py patches
+    # torch_memory_saver.hooks.mode_preload.get_binary_path_from_package with unittest.mock and
+    # expects configure_subprocess() to put the patched path first on LD_PRELOAD, keep the entries
+    # there and restore the value on exit; torch_memory_saver.configure_subprocess is that same
+    # function. The patched path here is a random one that exists nowhere.
+    child = run_child(
+        """
+        import json, os, random
+        from unittest import mock
+        import torch_memory_saver
+        from torch_memory_saver.hooks import mode_preload
+        fake = "/nowhere/%08x/torch_memory_saver_hook_mode_preload.so" % random.getrandbits(32)
+        out = {"same": torch_memory_saver.configure_subprocess is mode_preload.configure_subprocess}
+        os.environ["LD_PRELOAD"] = "/other/lib.so"
+        with mock.patch("torch_memory_saver.hooks.mode_preload.get_binary_path_from_package",
+                        return_value=fake):
+            with torch_memory_saver.configure_subprocess():
+                out["inside"] = os.environ["LD_PRELOAD"]
+        out["after"] = os.environ["LD_PRELOAD"]
+        out["fake"] = fake
+        print(json.dumps(out))
+        """
+    )
+    assert child["same"]
+    assert child["inside"] == f"{child['fake']}:/other/lib.so"
+    assert child["after"] == "/other/lib.so"
+
+
+def test_torch_memory_saver_utils_has_the_helpers_its_own_tests_import():
+    # fzyzcjy/torch_memory_saver test/test_examples.py: `from torch_memory_saver.utils import
+    # change_env` around each example, and testing_utils' is_xpu() from the same module.
+    child = run_child(
+        """
+        import json, os
+        from torch_memory_saver.utils import change_env, is_xpu
+        os.environ.pop("TMS_PROBE_VARIABLE", None)
+        os.environ["TMS_PROBE_KEPT"] = "before"
+        with change_env("TMS_PROBE_VARIABLE", "1"), change_env("TMS_PROBE_KEPT", "inside"):
+            inside = [os.environ["TMS_PROBE_VARIABLE"], os.environ["TMS_PROBE_KEPT"]]
+        print(json.dumps({"inside": inside, "unset": "TMS_PROBE_VARIABLE" not in os.environ,
+                          "kept": os.environ["TMS_PROBE_KEPT"], "xpu": is_xpu()}))
+        """
+    )
+    assert child == {"inside": ["1", "inside"], "unset": True, "kept": "before", "xpu": False}

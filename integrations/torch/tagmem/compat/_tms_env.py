@@ -200,7 +200,15 @@ def configure_subprocess():
     already put in the environment). Restores LD_PRELOAD on exit. Raises PreloadLibraryNotFound
     (a FileNotFoundError and RuntimeError) without the shim, PreloadPathError (a ValueError)
     when its path would not survive LD_PRELOAD."""
-    library = _preload.required()
+    with shim_on_ld_preload(_preload.required()):
+        yield
+
+
+@contextlib.contextmanager
+def shim_on_ld_preload(library):
+    """Context manager: LD_PRELOAD names `library` first, as the only copy of the shim (the path
+    checked and made absolute: Note [a shim that is silently absent]); restored on exit."""
+    library = _preload.checked(str(library))
     before = os.environ.get("LD_PRELOAD")
     os.environ["LD_PRELOAD"] = _preload.with_shim_first(library, before)
     try:
