@@ -126,7 +126,7 @@ cd "$REPO"
 wanted python-api && step python-api "${PYTEST[@]}" tests/torch/test_api.py tests/torch/test_entry_points.py \
   tests/torch/test_dropin.py tests/torch/test_dropin_environment.py tests/torch/test_preload_path.py \
   tests/torch/test_one_tagmem.py tests/torch/test_tms_state.py tests/torch/test_vllm_state.py \
-  tests/torch/test_api_edges.py tests/torch/test_tms_callers.py
+  tests/torch/test_api_edges.py tests/torch/test_tms_callers.py tests/torch/test_tms_abi.py
 if ! wanted entry-cpp; then
   :
 elif [[ -x "$BUILD/tests/torch/tagmem_torch_entry_tests" ]]; then

@@ -1,0 +1,316 @@
+// tms_abi.cpp — torch_memory_saver's C functions (tms_*, set_memory_margin_bytes), exported by the
+// shim so that callers written against torch_memory_saver's hook library (ctypes through
+// `_binary_wrapper.cdll`, or dlsym in the preloaded process) run over tagmem.
+//
+// torch_memory_saver keeps a per-thread configuration (whether allocations are tracked, their tag,
+// whether a pause keeps a CPU copy, the copy's backend) and records it with each allocation. Here
+// the configuration drives the shim's own switches: "tracked" is the thread's routing
+// (tagmem_preload_set_thread_routing), the tag is the thread's tagmem tag scope, and whether a
+// tag is paused with a backup is recorded per tag, process-wide, when a routed thread configures
+// it (Note [backup wanted per tag]). tms_pause / tms_resume offload and reload those tags with
+// tagmem_offload / tagmem_reload on every device that has them.
+//
+// Note [backup wanted per tag]: tagmem offloads whole tags, so a tag that any routed thread
+// configured with a CPU backup is paused with BACKUP from then on (never DISCARD: that would lose
+// bytes a region asked to keep). Only tms_set_enable_cpu_backup upgrades a tag; switching routing
+// on records the thread's tag without upgrading it, so the transient states torch_memory_saver's
+// set_config passes through (tag first, then tracking, then backup) never mark a tag wrongly.
+//
+// The "mmap" backend is accepted and recorded: tagmem backs every tag up to its pinned host store,
+// and a resume of a tag whose backup was asked for with "mmap" (and that keeps no copy) gives the
+// store's free host memory back to the system (tagmem_host_trim), which is that backend's promise:
+// the process's host memory drops after resume. Disk backup is not offered by this library:
+// tms_set_enable_disk_backup(true) and tms_set_disk_backup_dir print why on stderr and change
+// nothing.
+#include <strings.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "shim_config.hpp"
+#include "tagmem/tagmem.h"
+#include "tagmem/tagmem_preload.h"
+#include "thread_routing.hpp"
+
+namespace tagmem::preload {
+namespace {
+
+constexpr const char* kDefaultTag = "default";  // torch_memory_saver's tag outside regions
+constexpr int kMaxDevices = 1024;
+
+bool env_true(const char* name) {
+  const char* v = std::getenv(name);
+  return v && (std::strcmp(v, "1") == 0 || strcasecmp(v, "true") == 0);
+}
+
+bool valid_backend(const char* b) {
+  return b && (std::strcmp(b, "pinned") == 0 || std::strcmp(b, "mmap") == 0);
+}
+
+const char* env_backend() {
+  const char* b = std::getenv("TMS_INIT_CPU_BACKUP_BACKEND");
+  return valid_backend(b) ? b : "pinned";
+}
+
+struct thread_config {
+  std::string tag = kDefaultTag;
+  bool pushed = false;  // tag is on this thread's tagmem scope (not "default")
+  int backup = -1;      // -1: not set yet, TMS_INIT_ENABLE_CPU_BACKUP decides
+  std::string backend;  // empty: not set yet, TMS_INIT_CPU_BACKUP_BACKEND decides
+};
+thread_local thread_config t_config;
+
+bool thread_backup() {
+  if (t_config.backup < 0) t_config.backup = env_true("TMS_INIT_ENABLE_CPU_BACKUP") ? 1 : 0;
+  return t_config.backup == 1;
+}
+
+const std::string& thread_backend() {
+  if (t_config.backend.empty()) t_config.backend = env_backend();
+  return t_config.backend;
+}
+
+struct tag_record {
+  std::string name;
+  bool backup;
+  bool reclaim;  // backed up with the "mmap" backend: host memory given back after resume
+};
+
+std::mutex g_mutex;
+std::vector<tag_record>* g_tags = nullptr;  // in first-configured order; never destroyed
+bool g_retain = false;
+std::once_flag g_once;
+
+// Called with g_mutex held.
+void note_locked(const std::string& tag, bool backup, bool upgrade) {
+  for (tag_record& r : *g_tags) {
+    if (r.name != tag) continue;
+    if (upgrade && backup) {
+      r.backup = true;
+      r.reclaim = thread_backend() == "mmap";
+    }
+    return;
+  }
+  g_tags->push_back({tag, upgrade && backup, upgrade && backup && thread_backend() == "mmap"});
+}
+
+void start() {
+  std::call_once(g_once, [] {
+    std::lock_guard<std::mutex> lock(g_mutex);
+    g_tags = new std::vector<tag_record>;
+    g_retain = env_true("TMS_RETAIN_CPU_BACKUP");
+    // TMS_INIT_ENABLE=1: every cudaMalloc outside a region goes to the shim's default tag.
+    if (const std::string& d = config().default_tag; !d.empty()) {
+      note_locked(d, env_true("TMS_INIT_ENABLE_CPU_BACKUP"), true);
+    }
+  });
+}
+
+// Records the tag this thread's allocations go to now, when they go to tagmem.
+void note(bool upgrade) {
+  const char* tag = routing_tag();
+  if (tag == nullptr) return;
+  std::lock_guard<std::mutex> lock(g_mutex);
+  note_locked(tag, thread_backup(), upgrade);
+}
+
+std::vector<tag_record> selected(const char* tag) {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  if (tag == nullptr || *tag == '\0') return *g_tags;
+  for (const tag_record& r : *g_tags) {
+    if (r.name == tag) return {r};
+  }
+  // A tag this library never saw configured: paused without a backup, as torch_memory_saver
+  // pauses allocations that asked for none.
+  return {{tag, false, false}};
+}
+
+// The selected tags that exist on `device`, with their states.
+std::vector<std::pair<tag_record, tagmem_tag_state>> present(const std::vector<tag_record>& want,
+                                                             int device) {
+  std::vector<std::pair<tag_record, tagmem_tag_state>> out;
+  for (const tag_record& r : want) {
+    tagmem_tag_stats s{};
+    if (tagmem_tag_stats_get(r.name.c_str(), device, &s) == TAGMEM_SUCCESS) {
+      out.emplace_back(r, s.state);
+    }
+  }
+  return out;
+}
+
+bool device_exists(int device) {
+  size_t count = 0;
+  return tagmem_list_tags(device, nullptr, 0, &count) != TAGMEM_ERROR_INVALID_ARGUMENT;
+}
+
+int offload_group(const std::vector<std::string>& names, int device, tagmem_offload_mode mode) {
+  if (names.empty()) return TAGMEM_SUCCESS;
+  std::vector<const char*> list;
+  for (const std::string& n : names) list.push_back(n.c_str());
+  return tagmem_offload(list.data(), list.size(), device, mode);
+}
+
+void refuse(const char* what) {
+  std::fprintf(stderr,
+               "tagmem: %s: this library has no disk tier; use enable_cpu_backup (tagmem's pinned "
+               "host store) instead; nothing was changed\n",
+               what);
+}
+
+}  // namespace
+}  // namespace tagmem::preload
+
+using namespace tagmem::preload;
+
+#define TMS_EXPORT extern "C" __attribute__((visibility("default")))
+
+TMS_EXPORT void tms_set_interesting_region(bool value) {
+  start();
+  tagmem_preload_set_thread_routing(value ? TAGMEM_PRELOAD_ROUTE_ON : TAGMEM_PRELOAD_ROUTE_OFF);
+  note(false);
+}
+
+TMS_EXPORT bool tms_get_interesting_region() { return tagmem_preload_thread_routed() == 1; }
+
+TMS_EXPORT void tms_set_current_tag(const char* tag) {
+  start();
+  if (tag == nullptr) {
+    std::fprintf(stderr, "tagmem: tms_set_current_tag(NULL): a tag is needed; nothing changed\n");
+    return;
+  }
+  if (t_config.pushed) {
+    tagmem_pop_tag();
+    t_config.pushed = false;
+  }
+  t_config.tag = kDefaultTag;
+  // "default" is no scope: outside regions the shim's own default tag applies (TMS_INIT_ENABLE).
+  if (std::strcmp(tag, kDefaultTag) != 0) {
+    if (tagmem_push_tag(tag) != TAGMEM_SUCCESS) {
+      std::fprintf(stderr, "tagmem: tms_set_current_tag(\"%s\"): %s; the tag stays \"default\"\n",
+                   tag, tagmem_last_error());
+      return;
+    }
+    t_config.pushed = true;
+  }
+  t_config.tag = tag;
+}
+
+TMS_EXPORT const char* tms_get_current_tag() { return t_config.tag.c_str(); }
+
+TMS_EXPORT bool tms_get_enable_cpu_backup() { return thread_backup(); }
+
+TMS_EXPORT void tms_set_enable_cpu_backup(bool value) {
+  start();
+  t_config.backup = value ? 1 : 0;
+  note(true);
+}
+
+TMS_EXPORT const char* tms_get_cpu_backup_backend() { return thread_backend().c_str(); }
+
+TMS_EXPORT void tms_set_cpu_backup_backend(const char* backend) {
+  start();
+  if (!valid_backend(backend)) {
+    std::fprintf(stderr,
+                 "tagmem: tms_set_cpu_backup_backend(%s%s%s): expected \"pinned\" or \"mmap\"; "
+                 "nothing changed\n",
+                 backend ? "\"" : "", backend ? backend : "NULL", backend ? "\"" : "");
+    return;
+  }
+  t_config.backend = backend;
+  if (thread_backup()) note(true);
+}
+
+TMS_EXPORT bool tms_get_enable_disk_backup() { return false; }
+
+TMS_EXPORT void tms_set_enable_disk_backup(bool value) {
+  if (value) refuse("tms_set_enable_disk_backup(true)");
+}
+
+TMS_EXPORT void tms_set_disk_backup_dir(const char*) { refuse("tms_set_disk_backup_dir"); }
+
+TMS_EXPORT void set_memory_margin_bytes(uint64_t value) {
+  tagmem_set_memory_margin(static_cast<size_t>(value));
+}
+
+TMS_EXPORT void tms_set_retain_cpu_backup(bool value) {
+  start();
+  std::lock_guard<std::mutex> lock(g_mutex);
+  g_retain = value;
+}
+
+TMS_EXPORT bool tms_get_retain_cpu_backup() {
+  start();
+  std::lock_guard<std::mutex> lock(g_mutex);
+  return g_retain;
+}
+
+// Pauses `tag` (NULL or "": every tag configured through these functions) on every device: BACKUP
+// for tags that want a CPU copy, else DISCARD; returns once the memory is back with the driver.
+// The caller has finished the work that uses the memory (torch_memory_saver's callers synchronise
+// first). Returns a tagmem_status: a named tag that is paused already is TAG_OFFLOADED (tagmem is
+// stricter than torch_memory_saver here); a tag with no memory anywhere has nothing to pause (0).
+// On an error, the devices before it stay paused.
+TMS_EXPORT int tms_pause(const char* tag) {
+  start();
+  const bool named = tag != nullptr && *tag != '\0';
+  const std::vector<tag_record> want = selected(tag);
+  for (int d = 0; d < kMaxDevices && device_exists(d); ++d) {
+    std::vector<std::string> backup, discard;
+    for (const auto& [r, state] : present(want, d)) {
+      if (state != TAGMEM_RESIDENT) {
+        if (named) return TAGMEM_ERROR_TAG_OFFLOADED;
+        continue;
+      }
+      (r.backup ? backup : discard).push_back(r.name);
+    }
+    if (int s = offload_group(backup, d, TAGMEM_BACKUP)) return s;
+    if (int s = offload_group(discard, d, TAGMEM_DISCARD)) return s;
+    if (int s = tagmem_wait_released(d)) return s;
+  }
+  return TAGMEM_SUCCESS;
+}
+
+// Resumes `tag` (NULL or "": every paused tag configured here) on every device at its old
+// addresses. With tms_set_retain_cpu_backup(true) the host copies of backed-up tags are kept
+// (tagmem_set_keep_backup); otherwise they are given back, and a tag backed up with the "mmap"
+// backend also gives the store's free host memory back to the system. Returns a tagmem_status:
+// a named tag that is resident is TAG_RESIDENT; a resume that does not fit is OUT_OF_MEMORY with
+// the tag still paused and its backup intact; a tag with no memory anywhere has nothing to resume.
+TMS_EXPORT int tms_resume(const char* tag) {
+  start();
+  const bool named = tag != nullptr && *tag != '\0';
+  const std::vector<tag_record> want = selected(tag);
+  const bool retain = tms_get_retain_cpu_backup();
+  bool reclaim = false;
+  for (int d = 0; d < kMaxDevices && device_exists(d); ++d) {
+    std::vector<const char*> names;
+    for (const auto& [r, state] : present(want, d)) {
+      if (state == TAGMEM_RESIDENT) {
+        if (named) return TAGMEM_ERROR_TAG_RESIDENT;
+        continue;
+      }
+      if (r.backup) tagmem_set_keep_backup(r.name.c_str(), d, retain ? 1 : 0);
+      reclaim |= r.reclaim && !retain;
+      names.push_back(r.name.c_str());
+    }
+    if (names.empty()) continue;
+    if (int s = tagmem_reload(names.data(), names.size(), d)) return s;
+  }
+  if (reclaim) tagmem_host_trim(0);
+  return TAGMEM_SUCCESS;
+}
+
+// The host address of the CPU copy of [ptr, ptr + size) — the backup of a paused tag, or the copy
+// a retaining resume kept — or NULL when there is none or it is not one contiguous piece.
+TMS_EXPORT uint8_t* tms_get_cpu_backup_pointer(const uint8_t* ptr, uint64_t size) {
+  void* host = nullptr;
+  size_t bytes = 0;
+  if (tagmem_host_view(ptr, 0, &host, &bytes) != TAGMEM_SUCCESS || bytes < size) return nullptr;
+  return static_cast<uint8_t*>(host);
+}

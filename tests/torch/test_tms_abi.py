@@ -1,0 +1,199 @@
+"""torch_memory_saver's C functions (tms_*) as the preload shim exports them, called the way
+torch_memory_saver's Python side and its callers call them (ctypes on the process, with the
+signatures torch_memory_saver's binary_wrapper declares): per-thread configuration, pause and
+resume of every configured tag or one, CPU backup pointers, retention and the "mmap" backend's
+release of host memory after resume.
+
+Each case runs in a child started under LD_PRELOAD=libtagmem_preload.so (the emulated driver in CI,
+the real one in gpu_run.sh; no PyTorch). Device bytes are random and compared byte for byte.
+"""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from tagmem import _preload
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+PRELUDE = """
+    import ctypes, json, os, random, sys
+    sys.path.insert(0, {here!r})
+    import tagmem
+    from device_io import DeviceIO
+    c = ctypes.c_char_p
+    p = ctypes.CDLL(None)
+    for name, res, args in [
+        ("tms_set_current_tag", None, [c]), ("tms_get_current_tag", c, []),
+        ("tms_set_interesting_region", None, [ctypes.c_bool]),
+        ("tms_get_interesting_region", ctypes.c_bool, []),
+        ("tms_set_enable_cpu_backup", None, [ctypes.c_bool]),
+        ("tms_get_enable_cpu_backup", ctypes.c_bool, []),
+        ("tms_set_cpu_backup_backend", None, [c]), ("tms_get_cpu_backup_backend", c, []),
+        ("tms_set_enable_disk_backup", None, [ctypes.c_bool]),
+        ("tms_get_enable_disk_backup", ctypes.c_bool, []),
+        ("tms_pause", ctypes.c_int, [c]), ("tms_resume", ctypes.c_int, [c]),
+        ("tms_set_retain_cpu_backup", None, [ctypes.c_bool]),
+        ("tms_get_retain_cpu_backup", ctypes.c_bool, []),
+        ("set_memory_margin_bytes", None, [ctypes.c_uint64]),
+        ("tms_get_cpu_backup_pointer", ctypes.POINTER(ctypes.c_uint8),
+         [ctypes.POINTER(ctypes.c_uint8), ctypes.c_uint64]),
+        ("cudaMalloc", ctypes.c_int, [ctypes.POINTER(ctypes.c_void_p), ctypes.c_size_t]),
+        ("cudaFree", ctypes.c_int, [ctypes.c_void_p])]:
+        f = getattr(p, name); f.restype = res; f.argtypes = args
+    io = DeviceIO(0)
+    rng = random.Random({seed})
+
+    def malloc(n):
+        ptr = ctypes.c_void_p()
+        assert p.cudaMalloc(ctypes.byref(ptr), n) == 0
+        return ptr.value
+
+    def filled(n):
+        ptr = malloc(n)
+        data = bytes(rng.getrandbits(8) for _ in range(n)) if n < 65536 else rng.randbytes(n)
+        io.write(ptr, data)
+        return ptr, data
+
+    def set_config(tag, interesting, backup, backend=None):  # torch_memory_saver's order
+        p.tms_set_current_tag(tag.encode())
+        p.tms_set_interesting_region(interesting)
+        p.tms_set_enable_cpu_backup(backup)
+        if backend is not None:
+            p.tms_set_cpu_backup_backend(backend.encode())
+
+    def backup_bytes(ptr, n):
+        host = p.tms_get_cpu_backup_pointer(ctypes.cast(ptr, ctypes.POINTER(ctypes.c_uint8)), n)
+        return ctypes.string_at(host, n) if host else None
+"""
+
+
+@pytest.fixture
+def run_under_shim(rng):
+    shim = _preload.library()
+    assert shim, "set TAGMEM_PRELOAD_LIBRARY to libtagmem_preload.so (ctest and gpu_run.sh do)"
+
+    def run(code, env_changes):
+        env = dict(os.environ)
+        env.pop("TAGMEM_LIBRARY", None)  # the shim is libtagmem here
+        env.update({"LD_PRELOAD": shim, **env_changes})
+        prelude = textwrap.dedent(PRELUDE).format(here=HERE, seed=rng.getrandbits(32))
+        done = subprocess.run([sys.executable, "-c", prelude + textwrap.dedent(code)], env=env,
+                              capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr
+        return json.loads(done.stdout.strip().splitlines()[-1])
+
+    return run
+
+
+def test_regions_configured_through_the_c_functions_pause_and_resume_by_their_backup_wish(
+    run_under_shim,
+):
+    # torch_memory_saver's nested-region example under TMS_INIT_ENABLE=1 and
+    # TMS_INIT_ENABLE_CPU_BACKUP=1: the default tag is backed up, a region without a backup is not,
+    # and the configuration comes back after the region.
+    out = run_under_shim(
+        """
+        out = {"init": [p.tms_get_interesting_region(), p.tms_get_enable_cpu_backup(),
+                        p.tms_get_current_tag().decode(), p.tms_get_cpu_backup_backend().decode()]}
+        a, da = filled(6912)  # not a multiple of any granularity
+        set_config("grads", True, False)
+        out["inside"] = [p.tms_get_interesting_region(), p.tms_get_enable_cpu_backup(),
+                         p.tms_get_current_tag().decode()]
+        g, dg = filled(3 << 20)
+        set_config("default", True, True)
+        out["after"] = [p.tms_get_current_tag().decode(), p.tms_get_enable_cpu_backup()]
+        b, db = filled(5000)
+        out["owners"] = [tagmem.pointer_info(x)["tag"] for x in (a, g, b)]
+        out["pause"] = p.tms_pause(None)
+        out["states"] = [tagmem.state("default"), tagmem.state("grads")]
+        out["backup"] = [backup_bytes(a, len(da)) == da, backup_bytes(g, len(dg))]
+        out["pause_again"] = p.tms_pause(b"grads")
+        out["resume"] = p.tms_resume(None)
+        out["kept"] = [io.read(a, len(da)) == da, io.read(b, len(db)) == db]
+        out["after_resume"] = backup_bytes(a, len(da))
+        out["resume_again"] = p.tms_resume(b"default")
+        out["unknown"] = [p.tms_pause(b"no_such_tag"), p.tms_resume(b"no_such_tag")]
+        io.write(g, dg)  # the grads came back without their bytes: writable again
+        out["grads"] = io.read(g, len(dg)) == dg
+        print(json.dumps(out))
+        """,
+        {"TMS_INIT_ENABLE": "1", "TMS_INIT_ENABLE_CPU_BACKUP": "1"},
+    )
+    assert out["init"] == [True, True, "default", "pinned"]
+    assert out["inside"] == [True, False, "grads"]
+    assert out["after"] == ["default", True]
+    assert out["owners"] == ["default", "grads", "default"]
+    assert out["pause"] == 0 and out["states"] == ["offloaded_backup", "offloaded_discard"]
+    assert out["backup"] == [True, None]
+    assert out["pause_again"] == 3  # TAGMEM_ERROR_TAG_OFFLOADED: tagmem is stricter here
+    assert out["resume"] == 0 and out["kept"] == [True, True] and out["after_resume"] is None
+    assert out["resume_again"] == 4 and out["unknown"] == [0, 0]  # nothing to pause
+    assert out["grads"]
+
+
+def test_a_retaining_resume_keeps_the_copy_and_a_free_while_paused_is_honoured(run_under_shim):
+    out = run_under_shim(
+        """
+        out = {"retain_env": p.tms_get_retain_cpu_backup()}
+        p.tms_set_retain_cpu_backup(False)
+        set_config("w", True, True)
+        w, dw = filled(2 << 20)
+        x, dx = filled(4096)
+        set_config("default", False, False)
+        out["routed_after"] = p.tms_get_interesting_region()
+        p.tms_set_retain_cpu_backup(True)
+        out["retain"] = p.tms_get_retain_cpu_backup()
+        assert p.tms_pause(b"w") == 0
+        out["free_paused"] = p.cudaFree(x)
+        assert p.tms_resume(b"w") == 0
+        out["kept"] = backup_bytes(w, len(dw)) == dw and io.read(w, len(dw)) == dw
+        p.tms_set_retain_cpu_backup(False)
+        assert p.tms_pause(b"w") == 0 and p.tms_resume(b"w") == 0
+        out["given_back"] = backup_bytes(w, len(dw)) is None and io.read(w, len(dw)) == dw
+        out["live"] = tagmem.stats("w")["live_allocations"]
+        print(json.dumps(out))
+        """,
+        {"TMS_RETAIN_CPU_BACKUP": "1"},
+    )
+    assert out == {"retain_env": True, "routed_after": False, "retain": True, "free_paused": 0,
+                   "kept": True, "given_back": True, "live": 1}
+
+
+def test_the_mmap_backend_gives_host_memory_back_after_resume_and_pinned_keeps_the_store(
+    run_under_shim,
+):
+    out = run_under_shim(
+        """
+        out = {"env": p.tms_get_cpu_backup_backend().decode()}
+        n = 8 << 20
+        set_config("pinned_w", True, True, "pinned")
+        a, da = filled(n)
+        set_config("mmap_w", True, True, "mmap")
+        out["backend"] = p.tms_get_cpu_backup_backend().decode()
+        b, db = filled(n)
+        set_config("default", False, False)
+        host = lambda: tagmem.stats()["host_pinned_bytes"]
+        assert p.tms_pause(b"pinned_w") == 0 and p.tms_resume(b"pinned_w") == 0
+        out["pinned_kept"] = host() >= n
+        assert p.tms_pause(b"mmap_w") == 0
+        out["paused"] = host() >= n and backup_bytes(b, n) == db
+        assert p.tms_resume(b"mmap_w") == 0
+        out["released"] = host()
+        out["bytes"] = io.read(a, n) == da and io.read(b, n) == db
+        p.tms_set_cpu_backup_backend(b"floppy")  # refused: nothing changes
+        out["refused"] = p.tms_get_cpu_backup_backend().decode()
+        p.tms_set_enable_disk_backup(True)  # no disk tier here: refused, said on stderr
+        out["disk"] = p.tms_get_enable_disk_backup()
+        print(json.dumps(out))
+        """,
+        {"TMS_INIT_CPU_BACKUP_BACKEND": "mmap"},
+    )
+    assert out["env"] == "mmap" and out["backend"] == "mmap"
+    assert out["pinned_kept"] and out["paused"] and out["bytes"]
+    assert out["released"] == 0
+    assert out["refused"] == "mmap" and out["disk"] is False
