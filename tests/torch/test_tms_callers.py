@@ -204,3 +204,72 @@ def test_torch_memory_saver_utils_has_the_helpers_its_own_tests_import():
         """
     )
     assert child == {"inside": ["1", "inside"], "unset": True, "kept": "before", "xpu": False}
+
+
+def test_the_drop_in_and_the_shims_c_functions_share_one_configuration_and_one_pause(rng):
+    # fzyzcjy/torch_memory_saver test/examples/nested_region.py (TMS_INIT_ENABLE=1 and
+    # TMS_INIT_ENABLE_CPU_BACKUP=1, preload mode) reads the thread's configuration through
+    # _impl._binary_wrapper.cdll inside and after region(); cuda_vmm_granularity.py calls
+    # tms_pause / tms_resume straight from the process (ctypes.CDLL(None)) with NULL.
+    shim = _preload.library()
+    assert shim, "set TAGMEM_PRELOAD_LIBRARY to libtagmem_preload.so (ctest and gpu_run.sh do)"
+    seed = rng.getrandbits(32)
+    child = run_child(
+        f"""
+        import ctypes, json, random, sys
+        sys.path.insert(0, {os.path.dirname(os.path.abspath(__file__))!r})
+        import tagmem
+        from device_io import DeviceIO
+        from torch_memory_saver import torch_memory_saver as saver
+        io, rng = DeviceIO(0), random.Random({seed})
+        process = ctypes.CDLL(None)
+        malloc_fn = process.cudaMalloc
+        malloc_fn.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_size_t]
+        def filled(n):
+            p = ctypes.c_void_p()
+            assert malloc_fn(ctypes.byref(p), n) == 0
+            data = rng.randbytes(n)
+            io.write(p.value, data)
+            return p.value, data
+        saver.hook_mode = "preload"
+        saver._ensure_initialized()
+        cdll = saver._impl._binary_wrapper.cdll
+        state = lambda: [cdll.tms_get_interesting_region(), cdll.tms_get_enable_cpu_backup(),
+                         cdll.tms_get_current_tag().decode(),
+                         cdll.tms_get_cpu_backup_backend().decode()]
+        out = {{"init": state()}}
+        w, dw = filled(6912)
+        with saver.region(tag="grads", enable_cpu_backup=False):
+            out["inside"] = state()
+            g, dg = filled(2 << 20)
+        with saver.region(tag="mm", enable_cpu_backup=True, cpu_backup_backend="mmap"):
+            out["mmap"] = state()
+            m, dm = filled(1 << 20)
+        out["after"] = state()
+        pause, resume = process.tms_pause, process.tms_resume
+        pause.argtypes = resume.argtypes = [ctypes.c_char_p]
+        out["c_pause"] = pause(None)
+        out["states"] = [tagmem.state(t) for t in ("default", "grads", "mm")]
+        out["python_pause"] = None
+        try:
+            saver.pause("grads")  # paused by the C call: the drop-in sees it
+        except tagmem.TagOffloadedError as e:
+            out["python_pause"] = e.status
+        saver.resume()
+        out["bytes"] = [io.read(w, len(dw)) == dw, io.read(m, len(dm)) == dm]
+        saver.pause("default")
+        out["c_resume"] = resume(b"default")
+        out["default"] = io.read(w, len(dw)) == dw
+        print(json.dumps(out))
+        """,
+        {"LD_PRELOAD": shim, "TMS_INIT_ENABLE": "1", "TMS_INIT_ENABLE_CPU_BACKUP": "1"},
+    )
+    assert child["init"] == [True, True, "default", "pinned"]
+    assert child["inside"] == [True, False, "grads", "pinned"]
+    assert child["mmap"] == [True, True, "mm", "mmap"]
+    assert child["after"] == child["init"]
+    assert child["c_pause"] == 0
+    assert child["states"] == ["offloaded_backup", "offloaded_discard", "offloaded_backup"]
+    assert child["python_pause"] == 3
+    assert child["bytes"] == [True, True]
+    assert child["c_resume"] == 0 and child["default"]

@@ -143,3 +143,39 @@ def test_capturing_a_graph_into_a_paused_tag_is_refused_before_the_capture(torch
     with saver.cuda_graph(object(), pool=1, tag="graph"):
         pass
     assert len(entered) == 1
+
+
+def test_torch_mode_mmap_backend_gives_host_memory_back_after_resume_and_answers_the_c_calls(
+    torch_free, io, rng, monkeypatch
+):
+    # torch_memory_saver's cpu_backup examples in torch mode: cpu_backup_backend="mmap" per region
+    # or TMS_INIT_CPU_BACKUP_BACKEND, read back through _impl._binary_wrapper.cdll, and its
+    # promise that the process's host memory drops after a resume that keeps no copy.
+    monkeypatch.setenv("TMS_INIT_CPU_BACKUP_BACKEND", "mmap")
+    saver = dropin.TorchMemorySaver()
+    saver.hook_mode = "torch"
+    cdll = saver._ensure_initialized()._binary_wrapper.cdll
+    assert cdll.tms_get_cpu_backup_backend() == b"mmap"
+    pinned, mapped = (f"{k}{rng.randrange(1 << 30)}" for k in ("p", "m"))
+    nbytes = rng.randrange(64, 128) << 16
+    with saver.region(tag=pinned, enable_cpu_backup=True, cpu_backup_backend="pinned"):
+        a = tagmem.raw_alloc(nbytes)
+    with saver.region(tag=mapped, enable_cpu_backup=True):  # the backend from the environment
+        b = tagmem.raw_alloc(nbytes)
+    da, db = rng.randbytes(nbytes), rng.randbytes(nbytes)
+    io.write(a, da)
+    io.write(b, db)
+    host = lambda: tagmem.stats()["host_pinned_bytes"]  # noqa: E731
+    assert cdll.tms_pause(pinned.encode()) == 0 and cdll.tms_resume(pinned.encode()) == 0
+    assert host() >= nbytes  # the pinned backend keeps the store for the next pause
+    assert cdll.tms_pause(mapped.encode()) == 0
+    assert cdll.tms_pause(mapped.encode()) == 3  # paused already: TAG_OFFLOADED
+    view = cdll.tms_get_cpu_backup_pointer(b, nbytes)
+    assert view and bytes(view[:nbytes]) == db
+    saver.resume(mapped)
+    assert host() == 0
+    assert not cdll.tms_get_cpu_backup_pointer(b, nbytes)
+    assert io.read(a, nbytes) == da and io.read(b, nbytes) == db
+    with pytest.raises(ValueError, match="'pinned' or 'mmap'"):
+        with saver.region(tag=pinned, enable_cpu_backup=True, cpu_backup_backend="floppy"):
+            pass

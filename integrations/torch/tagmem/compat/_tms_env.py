@@ -157,6 +157,52 @@ def _shim_functions():
 
 _shim = None
 
+# torch_memory_saver's binary_wrapper signatures of the functions the shim exports for it.
+_TMS_SIGNATURES = {
+    "tms_set_current_tag": (None, ["c_char_p"]),
+    "tms_get_current_tag": ("c_char_p", []),
+    "tms_set_interesting_region": (None, ["c_bool"]),
+    "tms_get_interesting_region": ("c_bool", []),
+    "tms_set_enable_cpu_backup": (None, ["c_bool"]),
+    "tms_get_enable_cpu_backup": ("c_bool", []),
+    "tms_set_cpu_backup_backend": (None, ["c_char_p"]),
+    "tms_get_cpu_backup_backend": ("c_char_p", []),
+    "tms_set_enable_disk_backup": (None, ["c_bool"]),
+    "tms_get_enable_disk_backup": ("c_bool", []),
+    "tms_set_disk_backup_dir": (None, ["c_char_p"]),
+    "tms_pause": ("c_int", ["c_char_p"]),
+    "tms_resume": ("c_int", ["c_char_p"]),
+    "set_memory_margin_bytes": (None, ["c_uint64"]),
+    "tms_set_retain_cpu_backup": (None, ["c_bool"]),
+    "tms_get_retain_cpu_backup": ("c_bool", []),
+}
+
+
+def process_cdll():
+    """The process's symbols (ctypes.CDLL(None)): the shim's, the CUDA runtime's when loaded."""
+    import ctypes
+
+    return ctypes.CDLL(None)
+
+
+def shim_tms_functions():
+    """The process as a ctypes library whose torch_memory_saver functions (the shim's tms_*) have
+    torch_memory_saver's signatures, as its BinaryWrapper sets them; a fresh handle, so callers
+    may set other functions' signatures on it."""
+    import ctypes
+
+    if not shim_loaded():
+        raise RuntimeError("libtagmem_preload.so is not loaded in this process")
+    cdll = process_cdll()
+    for name, (restype, argtypes) in _TMS_SIGNATURES.items():
+        fn = getattr(cdll, name)
+        fn.restype = restype and getattr(ctypes, restype)
+        fn.argtypes = [getattr(ctypes, a) for a in argtypes]
+    byte_pointer = ctypes.POINTER(ctypes.c_uint8)
+    cdll.tms_get_cpu_backup_pointer.argtypes = [byte_pointer, ctypes.c_uint64]
+    cdll.tms_get_cpu_backup_pointer.restype = byte_pointer
+    return cdll
+
 
 def shim_loaded():
     """Whether libtagmem_preload.so is loaded in this process (preload hook mode works)."""

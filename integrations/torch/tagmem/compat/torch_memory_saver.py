@@ -30,6 +30,7 @@ listed in docs/torch.md (disk backup raises NotImplementedError).
 """
 
 import contextlib
+import os
 import threading
 import warnings
 
@@ -82,6 +83,12 @@ class _Cdll:
     def tms_set_enable_cpu_backup(self, value):
         self._impl.set_thread_backup(bool(value))
 
+    def tms_get_cpu_backup_backend(self):
+        return self._impl.thread_backend().encode()
+
+    def tms_set_cpu_backup_backend(self, backend):
+        self._impl.set_thread_backend(backend.decode() if isinstance(backend, bytes) else backend)
+
     def tms_get_enable_disk_backup(self):
         return False
 
@@ -89,21 +96,61 @@ class _Cdll:
         if value:
             raise NotImplementedError("enable_disk_backup=True: " + _NO_DISK)
 
+    def tms_set_disk_backup_dir(self, path):
+        raise NotImplementedError(_NO_DISK)
+
     def tms_get_retain_cpu_backup(self):
         return self._impl.retain_cpu_backup
 
     def tms_set_retain_cpu_backup(self, value):
         self._impl.retain_cpu_backup = bool(value)
 
+    def tms_pause(self, tag):
+        """0, or the tagmem_status of the failure (as the shim's tms_pause returns)."""
+        return _status_of(self._impl.pause, tag)
+
+    def tms_resume(self, tag):
+        return _status_of(self._impl.resume, tag)
+
+    def tms_get_cpu_backup_pointer(self, ptr, nbytes):
+        """The host address of the CPU copy of [ptr, ptr + nbytes) as a ctypes pointer (NULL when
+        there is none or it is not one contiguous piece), as the shim's function answers."""
+        import ctypes
+
+        address = ctypes.cast(ptr, ctypes.c_void_p).value if not isinstance(ptr, int) else ptr
+        try:
+            pieces = _api.host_pieces(address, int(nbytes))
+        except _errors.TagmemError:
+            pieces = []
+        host = pieces[0][0] if len(pieces) == 1 else None
+        return ctypes.cast(host, ctypes.POINTER(ctypes.c_uint8))
+
     def set_memory_margin_bytes(self, value):
         _api.set_memory_margin(value)
 
+    def __getattr__(self, name):
+        # Other symbols of the process (the CUDA runtime's, say), as torch_memory_saver's cdll,
+        # a loaded library, resolves them through its dependencies.
+        return getattr(_tms_env.process_cdll(), name)
+
+
+def _status_of(call, tag):
+    if isinstance(tag, bytes):
+        tag = tag.decode()
+    try:
+        call(tag or None)
+    except _errors.TagmemError as e:
+        return e.status
+    return 0
+
 
 class _BinaryWrapper:
-    """torch_memory_saver's BinaryWrapper: ``cdll`` and ``set_config``."""
+    """torch_memory_saver's BinaryWrapper: ``cdll`` and ``set_config``. In preload mode ``cdll`` is
+    the process, whose tms_* functions the shim exports (with torch_memory_saver's signatures);
+    in torch mode an object answering the same calls."""
 
     def __init__(self, impl):
-        self.cdll = _Cdll(impl)
+        self.cdll = _tms_env.shim_tms_functions() if impl.hook_mode == "preload" else _Cdll(impl)
 
     def set_config(
         self,
@@ -116,9 +163,12 @@ class _BinaryWrapper:
     ):
         """Sets the calling thread's region configuration, as torch_memory_saver's does."""
         _check_backup_args(enable_cpu_backup, enable_disk_backup, cpu_backup_backend)
+        _args.name(tag)  # checked as every tag name, before anything changes
         self.cdll.tms_set_current_tag(tag.encode())
         self.cdll.tms_set_interesting_region(interesting_region)
         self.cdll.tms_set_enable_cpu_backup(enable_cpu_backup)
+        if cpu_backup_backend is not None:
+            self.cdll.tms_set_cpu_backup_backend(cpu_backup_backend.encode())
 
 
 class _BackupRecord:
@@ -130,16 +180,24 @@ class _BackupRecord:
     def __init__(self):
         self._lock = threading.Lock()
         self._wanted = {}  # tag -> whether pause keeps its bytes, in first-use order
+        self._reclaim = set()  # tags backed up with the "mmap" backend
 
-    def note(self, tag, backup):
+    def note(self, tag, backup, backend="pinned"):
         """Records a region of `tag`; returns whether the tag wants a backup now."""
         with self._lock:
             self._wanted[tag] = self._wanted.get(tag, False) or bool(backup)
+            if backup and backend == "mmap":
+                self._reclaim.add(tag)
             return self._wanted[tag]
 
     def wants(self, tag):
         with self._lock:
             return self._wanted.get(tag, False)
+
+    def reclaims(self, tag):
+        """Whether a resume of `tag` that keeps no copy gives host memory back to the system."""
+        with self._lock:
+            return tag in self._reclaim
 
     def tags(self):
         with self._lock:
@@ -151,7 +209,12 @@ _init_lock = threading.Lock()  # one _Impl per TorchMemorySaver, however many fi
 
 
 class _Impl:
-    """The initialised state behind TorchMemorySaver (created on first use)."""
+    """The initialised state behind TorchMemorySaver (created on first use).
+
+    Preload mode: the thread's region configuration, the record of which tags are paused with a
+    backup, pause and resume live in the shim (its tms_* functions, reached through
+    ``_binary_wrapper.cdll`` as in torch_memory_saver), so C callers of those functions and this
+    class see one state. Torch mode: they live here."""
 
     def __init__(self, hook_mode=None):
         if _tms_env.flag("TMS_INIT_ENABLE_DISK_BACKUP") or _tms_env.flag("TMS_DISK_BACKUP_DIR"):
@@ -168,11 +231,11 @@ class _Impl:
         self.hook_mode = hook_mode
         # Consulted at each resume, as torch_memory_saver does: a resume with it on keeps the
         # host copy of the tags it brings back (tagmem_set_keep_backup).
-        self.retain_cpu_backup = _tms_env.flag("TMS_RETAIN_CPU_BACKUP")
+        self._retain = _tms_env.flag("TMS_RETAIN_CPU_BACKUP")
         self._binary_wrapper = _BinaryWrapper(self)
         self._lock = threading.Lock()
-        self._pools = {}  # preload mode: (tag, device) -> the MemPool its regions use
-        self._local = threading.local()  # torch mode: depth, off
+        self._pools = {}  # preload mode: (tag, backend, device) -> the MemPool its regions use
+        self._local = threading.local()  # torch mode: depth, off, backup, backend
         if _tms_env.flag("TMS_INIT_ENABLE"):
             if hook_mode == "preload":
                 # The tag the shim routes every cudaMalloc to: "default", or TAGMEM_PRELOAD_TAG.
@@ -181,82 +244,123 @@ class _Impl:
             else:
                 warnings.warn("TMS_INIT_ENABLE=1 only works in hook_mode='preload'; ignored")
 
+    @property
+    def _cdll(self):
+        return self._binary_wrapper.cdll
+
+    @property
+    def retain_cpu_backup(self):
+        if self.hook_mode == "preload":
+            return bool(self._cdll.tms_get_retain_cpu_backup())
+        return self._retain
+
+    @retain_cpu_backup.setter
+    def retain_cpu_backup(self, value):
+        if self.hook_mode == "preload":
+            self._cdll.tms_set_retain_cpu_backup(bool(value))
+        self._retain = bool(value)
+
     # ---- region tracking ----------------------------------------------------------------------
 
     def interesting(self):
         if self.hook_mode == "preload":
-            return _tms_env.thread_routed()
+            return bool(self._cdll.tms_get_interesting_region())
         return getattr(self._local, "depth", 0) > 0 and not getattr(self._local, "off", False)
 
     def set_interesting(self, value):
         if self.hook_mode == "preload":
-            _tms_env.set_thread_routing(_tms_env.ROUTE_ON if value else _tms_env.ROUTE_OFF)
+            self._cdll.tms_set_interesting_region(bool(value))
         else:
             self._local.off = not value
 
     def current_tag(self):
-        """The tag this thread's tracked allocations go to (preload mode: the tag configured
-        last, "default" before any)."""
+        """The tag this thread's tracked allocations go to ("default" before any is set)."""
+        if self.hook_mode == "preload":
+            return self._cdll.tms_get_current_tag().decode()
         return getattr(self._local, "tag", None) or _TAG_DEFAULT
 
     def set_current_tag(self, tag):
-        # Preload mode: the shim routes into the thread's current tagmem tag. The configured tag
-        # replaces the one configured before it on the thread's tag stack (one entry however
-        # often it is set), and setting "default" again takes that entry away.
-        name = _args.name(tag)  # checked as every tag name
+        _args.name(tag)  # checked as every tag name
         if self.hook_mode == "preload":
-            lib = _lib.lib()
-            if getattr(self._local, "tag", None) is not None:
-                _errors.check(lib.tagmem_pop_tag())
-                self._local.tag = None
-            if tag != _TAG_DEFAULT:
-                _errors.check(lib.tagmem_push_tag(name))
-        self._local.tag = None if tag == _TAG_DEFAULT else tag
+            self._cdll.tms_set_current_tag(tag.encode())
+        else:
+            self._local.tag = None if tag == _TAG_DEFAULT else tag
 
     def thread_backup(self):
+        if self.hook_mode == "preload":
+            return bool(self._cdll.tms_get_enable_cpu_backup())
         return getattr(self._local, "backup", False)
 
     def set_thread_backup(self, value):
+        if self.hook_mode == "preload":
+            self._cdll.tms_set_enable_cpu_backup(bool(value))
+            return
         self._local.backup = value
         if value:
-            self._note(self.current_tag(), True)
+            self._note(self.current_tag(), True, self.thread_backend())
 
-    def _note(self, tag, backup):
-        mode = _api.BACKUP if _backups.note(tag, backup) else _api.DISCARD
+    def thread_backend(self):
+        """The CPU backup backend of this thread's regions: "pinned" or "mmap" (at start
+        TMS_INIT_CPU_BACKUP_BACKEND, else "pinned")."""
+        if self.hook_mode == "preload":
+            return self._cdll.tms_get_cpu_backup_backend().decode()
+        backend = getattr(self._local, "backend", None)
+        if backend is None:
+            backend = self._local.backend = _env_backend()
+        return backend
+
+    def set_thread_backend(self, backend):
+        _check_backend(backend)
+        if self.hook_mode == "preload":
+            self._cdll.tms_set_cpu_backup_backend(backend.encode())
+        else:
+            self._local.backend = backend
+
+    def _note(self, tag, backup, backend="pinned"):
+        mode = _api.BACKUP if _backups.note(tag, backup, backend) else _api.DISCARD
         # A region with a CPU backup is pinned ahead as it grows (tagmem_tag_plan_offload).
         _api.plan_offload(tag, mode)
 
-    def _pool(self, tag, device):
+    def _pool(self, key):
         with self._lock:
-            pool = self._pools.get((tag, device))
+            pool = self._pools.get(key)
             if pool is None:
-                pool = self._pools[(tag, device)] = _torch().cuda.MemPool()
+                pool = self._pools[key] = _torch().cuda.MemPool()
             return pool
 
     @contextlib.contextmanager
-    def _with_region_config(self, tag, enable_cpu_backup):
+    def _with_region_config(self, tag, enable_cpu_backup, cpu_backup_backend=None, enable_disk_backup=False):
         """Preload mode: the calling thread's configuration inside a region (its allocations go
-        to tagmem, into `tag`), restored on exit. Under this name, as in torch_memory_saver,
-        because callers replace it on the class (slime's nested regions set their own through
-        _binary_wrapper.set_config)."""
-        saved_tag, saved_backup = self.current_tag(), self.thread_backup()
-        previous = _tms_env.set_thread_routing(_tms_env.ROUTE_ON)
+        to tagmem, into `tag`), restored on exit. Under this name and signature, as in
+        torch_memory_saver, because callers replace it on the class or call it (slime's nested
+        regions set their own through _binary_wrapper.set_config)."""
+        _check_backup_args(enable_cpu_backup, enable_disk_backup, cpu_backup_backend)
+        wrapper = self._binary_wrapper
+        saved = dict(
+            tag=self.current_tag(),
+            interesting_region=self.interesting(),
+            enable_cpu_backup=self.thread_backup(),
+            cpu_backup_backend=self.thread_backend(),
+        )
+        wrapper.set_config(
+            tag=tag,
+            interesting_region=True,
+            enable_cpu_backup=enable_cpu_backup,
+            cpu_backup_backend=cpu_backup_backend,
+        )
         try:
-            self.set_current_tag(tag)
-            self._local.backup = bool(enable_cpu_backup)
             yield
         finally:
-            self.set_current_tag(saved_tag)
-            self._local.backup = saved_backup
-            _tms_env.set_thread_routing(previous)
+            wrapper.set_config(**saved)
 
     @contextlib.contextmanager
-    def region(self, tag, enable_cpu_backup):
-        self._note(tag, enable_cpu_backup)
+    def region(self, tag, enable_cpu_backup, cpu_backup_backend=None):
+        backend = (cpu_backup_backend or self.thread_backend()) if enable_cpu_backup else ""
+        self._note(tag, enable_cpu_backup, backend)
         if self.hook_mode == "preload":
             device = _torch().cuda.current_device()
-            with _torch().cuda.use_mem_pool(self._pool(tag, device)), self._with_region_config(
-                tag=tag, enable_cpu_backup=enable_cpu_backup
+            with _torch().cuda.use_mem_pool(self._pool((tag, backend, device))), self._with_region_config(
+                tag=tag, enable_cpu_backup=enable_cpu_backup, **_backend_kwargs(cpu_backup_backend)
             ):
                 yield
             return
@@ -271,7 +375,7 @@ class _Impl:
                 self._local.depth -= 1
 
     @contextlib.contextmanager
-    def cuda_graph(self, cuda_graph, pool, stream, capture_error_mode, tag, enable_cpu_backup):
+    def cuda_graph(self, cuda_graph, pool, stream, capture_error_mode, tag, enable_cpu_backup, cpu_backup_backend=None):
         # A paused tag's pool still lists its cached blocks: a capture would be handed memory
         # that is not mapped, and any new segment would fail inside PyTorch's capture. Refused
         # before the capture starts, with what to do.
@@ -280,11 +384,14 @@ class _Impl:
             raise _errors.error_for(
                 3, f"torch_memory_saver.cuda_graph: tag '{tag}' is paused; resume('{tag}') first"
             )
-        self._note(tag, enable_cpu_backup)
+        backend = (cpu_backup_backend or self.thread_backend()) if enable_cpu_backup else ""
+        self._note(tag, enable_cpu_backup, backend)
         if self.hook_mode == "preload":
             with _torch().cuda.graph(
                 cuda_graph, pool=pool, stream=stream, capture_error_mode=capture_error_mode
-            ), self._with_region_config(tag=tag, enable_cpu_backup=enable_cpu_backup):
+            ), self._with_region_config(
+                tag=tag, enable_cpu_backup=enable_cpu_backup, **_backend_kwargs(cpu_backup_backend)
+            ):
                 yield
             return
         if pool is None:  # a pool passed in is a graph's earlier pool(), hence the tag's
@@ -325,7 +432,22 @@ class _Impl:
                 out.append((d, names))
         return out
 
+    def _shim_call(self, what, tag):
+        """Preload mode: the shim's tms_pause / tms_resume, its status raised as tagmem's
+        exception."""
+        status = getattr(self._cdll, f"tms_{what}")(tag.encode() if tag else None)
+        if status == 3:
+            raise _errors.error_for(3, f"torch_memory_saver.pause: tag '{tag}' is paused already")
+        if status == 4:
+            raise _errors.error_for(4, f"torch_memory_saver.resume: tag '{tag}' is not paused")
+        _errors.check(status)
+
     def pause(self, tag):
+        if self.hook_mode == "preload":
+            for d in range(_torch().cuda.device_count()):
+                _torch().cuda.synchronize(d)
+            self._shim_call("pause", tag)
+            return
         work = []
         for d, names in self._present(tag):
             states = {n: _api.state(n, d) for n in names}
@@ -341,18 +463,25 @@ class _Impl:
             _api.wait_released(d)
 
     def resume(self, tag):
+        if self.hook_mode == "preload":
+            self._shim_call("resume", tag)
+            return
         work = []
         for d, names in self._present(tag):
             states = {n: _api.state(n, d) for n in names}
             if tag is not None and states[tag] == "resident":
                 raise _errors.error_for(4, f"torch_memory_saver.resume: tag '{tag}' is not paused")
             work.append((d, [n for n in names if states[n] != "resident"]))
+        reclaim = False
         for d, names in work:
             for n in names:
                 if _backups.wants(n):
-                    _api.set_keep_backup(n, self.retain_cpu_backup, d)
+                    _api.set_keep_backup(n, self._retain, d)
+                    reclaim |= _backups.reclaims(n) and not self._retain
             if names:
                 _api.reload(names, d)
+        if reclaim:  # the "mmap" backend's promise: host memory given back after resume
+            _api.host_trim(0)
 
     def get_cpu_backup(self, x, zero_copy):
         if not x.is_cuda or not x.is_contiguous():
@@ -377,6 +506,12 @@ class _Impl:
         # A backup that lies in several host pieces has no single view: callers get its bytes
         # as a copy, which is what they read either way.
         return _tt().host_tensor(x, copy=True)
+
+
+def _backend_kwargs(cpu_backup_backend):
+    # Passed only when given: patches in the wild replace _with_region_config with a function of
+    # (self, tag, enable_cpu_backup) alone (slime's nested regions).
+    return {} if cpu_backup_backend is None else {"cpu_backup_backend": cpu_backup_backend}
 
 
 def _kept_backup(x, zero_copy):
@@ -421,7 +556,7 @@ class TorchMemorySaver:
         """Context manager: CUDA memory allocated inside is pausable under `tag` (module doc)."""
         _check_backup_args(enable_cpu_backup, enable_disk_backup, cpu_backup_backend)
         self._ensure_initialized()
-        with self._impl.region(tag, enable_cpu_backup):
+        with self._impl.region(tag, enable_cpu_backup, cpu_backup_backend):
             yield
 
     @contextlib.contextmanager
@@ -439,7 +574,9 @@ class TorchMemorySaver:
         the graph needs ``resume(tag)`` first)."""
         _check_backup_args(enable_cpu_backup, False, cpu_backup_backend)
         self._ensure_initialized()
-        with self._impl.cuda_graph(cuda_graph, pool, stream, capture_error_mode, tag, enable_cpu_backup):
+        with self._impl.cuda_graph(
+            cuda_graph, pool, stream, capture_error_mode, tag, enable_cpu_backup, cpu_backup_backend
+        ):
             yield
 
     @contextlib.contextmanager
@@ -535,10 +672,23 @@ def _check_backup_args(enable_cpu_backup, enable_disk_backup, cpu_backup_backend
     if cpu_backup_backend is not None:
         if not enable_cpu_backup:
             raise ValueError("cpu_backup_backend requires enable_cpu_backup=True")
-        if cpu_backup_backend != "pinned":
-            raise NotImplementedError(
-                f"cpu_backup_backend={cpu_backup_backend!r}: tagmem backs up to pinned memory only"
-            )
+        _check_backend(cpu_backup_backend)
+
+
+_BACKENDS = ("pinned", "mmap")
+
+
+def _check_backend(backend):
+    """torch_memory_saver's CPU backup backends. Both back up to tagmem's pinned host store;
+    "mmap" adds its promise that host memory is given back after a resume that keeps no copy
+    (the store's free memory is trimmed then: docs/torch.md)."""
+    if backend not in _BACKENDS:
+        raise ValueError(f"cpu_backup_backend={backend!r}: expected 'pinned' or 'mmap'")
+
+
+def _env_backend():
+    backend = os.environ.get("TMS_INIT_CPU_BACKUP_BACKEND") or "pinned"
+    return backend if backend in _BACKENDS else "pinned"
 
 
 torch_memory_saver = TorchMemorySaver()
