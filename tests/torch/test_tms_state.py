@@ -152,6 +152,14 @@ def test_torch_mode_mmap_backend_gives_host_memory_back_after_resume_and_answers
     # or TMS_INIT_CPU_BACKUP_BACKEND, read back through _impl._binary_wrapper.cdll, and its
     # promise that the process's host memory drops after a resume that keeps no copy.
     monkeypatch.setenv("TMS_INIT_CPU_BACKUP_BACKEND", "mmap")
+    plans = {}
+    real_plan = dropin._api.plan_offload
+
+    def plan(tag, mode=tagmem.BACKUP, device=None):
+        plans[tag] = mode
+        real_plan(tag, mode, device)
+
+    monkeypatch.setattr(dropin._api, "plan_offload", plan)
     saver = dropin.TorchMemorySaver()
     saver.hook_mode = "torch"
     cdll = saver._ensure_initialized()._binary_wrapper.cdll
@@ -162,6 +170,9 @@ def test_torch_mode_mmap_backend_gives_host_memory_back_after_resume_and_answers
         a = tagmem.raw_alloc(nbytes)
     with saver.region(tag=mapped, enable_cpu_backup=True):  # the backend from the environment
         b = tagmem.raw_alloc(nbytes)
+    # Pinned ahead as it grows: only the "pinned" tag (an "mmap" backup holds host memory only
+    # while its tag is paused).
+    assert plans == {pinned: tagmem.BACKUP, mapped: tagmem.DISCARD}
     da, db = rng.randbytes(nbytes), rng.randbytes(nbytes)
     io.write(a, da)
     io.write(b, db)

@@ -240,7 +240,7 @@ class _Impl:
             if hook_mode == "preload":
                 # The tag the shim routes every cudaMalloc to: "default", or TAGMEM_PRELOAD_TAG.
                 tag = _tms_env.shim_default_tag() or _TAG_DEFAULT
-                self._note(tag, _tms_env.flag("TMS_INIT_ENABLE_CPU_BACKUP"))
+                self._note(tag, _tms_env.flag("TMS_INIT_ENABLE_CPU_BACKUP"), self.thread_backend())
             else:
                 warnings.warn("TMS_INIT_ENABLE=1 only works in hook_mode='preload'; ignored")
 
@@ -317,9 +317,11 @@ class _Impl:
             self._local.backend = backend
 
     def _note(self, tag, backup, backend="pinned"):
-        mode = _api.BACKUP if _backups.note(tag, backup, backend) else _api.DISCARD
-        # A region with a CPU backup is pinned ahead as it grows (tagmem_tag_plan_offload).
-        _api.plan_offload(tag, mode)
+        wants = _backups.note(tag, backup, backend)
+        # A region with a CPU backup is pinned ahead as it grows (tagmem_tag_plan_offload), except
+        # with the "mmap" backend, whose promise is host memory only while the tag is paused.
+        backup_ahead = wants and not _backups.reclaims(tag)
+        _api.plan_offload(tag, _api.BACKUP if backup_ahead else _api.DISCARD)
 
     def _pool(self, key):
         with self._lock:
