@@ -172,7 +172,13 @@ using namespace tagmem::preload;
 
 TMS_EXPORT void tms_set_interesting_region(bool value) {
   start();
-  tagmem_preload_set_thread_routing(value ? TAGMEM_PRELOAD_ROUTE_ON : TAGMEM_PRELOAD_ROUTE_OFF);
+  // The automatic mode (tag scopes and the shim's default tag decide) wherever it gives the
+  // answer asked for, so that restoring a region's saved configuration gives the thread back the
+  // routing it had, tagmem.tag() scopes included; a forced mode only where it does not.
+  tagmem_preload_set_thread_routing(TAGMEM_PRELOAD_ROUTE_AUTO);
+  if ((tagmem_preload_thread_routed() == 1) != value) {
+    tagmem_preload_set_thread_routing(value ? TAGMEM_PRELOAD_ROUTE_ON : TAGMEM_PRELOAD_ROUTE_OFF);
+  }
   note(false);
 }
 

@@ -146,6 +146,8 @@ def test_a_retaining_resume_keeps_the_copy_and_a_free_while_paused_is_honoured(r
         x, dx = filled(4096)
         set_config("default", False, False)
         out["routed_after"] = p.tms_get_interesting_region()
+        with tagmem.tag("scoped"):  # the thread's routing is as before: tag scopes decide
+            out["scoped"] = tagmem.pointer_info(malloc(4096))["tag"]
         p.tms_set_retain_cpu_backup(True)
         out["retain"] = p.tms_get_retain_cpu_backup()
         assert p.tms_pause(b"w") == 0
@@ -160,8 +162,8 @@ def test_a_retaining_resume_keeps_the_copy_and_a_free_while_paused_is_honoured(r
         """,
         {"TMS_RETAIN_CPU_BACKUP": "1"},
     )
-    assert out == {"retain_env": True, "routed_after": False, "retain": True, "free_paused": 0,
-                   "kept": True, "given_back": True, "live": 1}
+    assert out == {"retain_env": True, "routed_after": False, "scoped": "scoped", "retain": True,
+                   "free_paused": 0, "kept": True, "given_back": True, "live": 1}
 
 
 def test_the_mmap_backend_gives_host_memory_back_after_resume_and_pinned_keeps_the_store(
