@@ -275,6 +275,7 @@ TMS_EXPORT int tms_pause(const char* tag) {
       }
       (r.backup ? backup : discard).push_back(r.name);
     }
+    if (backup.empty() && discard.empty()) continue;  // no context is made on devices unused here
     if (int s = offload_group(backup, d, TAGMEM_BACKUP)) return s;
     if (int s = offload_group(discard, d, TAGMEM_DISCARD)) return s;
     if (int s = tagmem_wait_released(d)) return s;
