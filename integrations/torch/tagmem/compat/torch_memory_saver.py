@@ -331,7 +331,9 @@ class _Impl:
             return pool
 
     @contextlib.contextmanager
-    def _with_region_config(self, tag, enable_cpu_backup, cpu_backup_backend=None, enable_disk_backup=False):
+    def _with_region_config(
+        self, tag, enable_cpu_backup, cpu_backup_backend=None, enable_disk_backup=False
+    ):
         """Preload mode: the calling thread's configuration inside a region (its allocations go
         to tagmem, into `tag`), restored on exit. Under this name and signature, as in
         torch_memory_saver, because callers replace it on the class or call it (slime's nested
@@ -360,8 +362,8 @@ class _Impl:
         backend = (cpu_backup_backend or self.thread_backend()) if enable_cpu_backup else ""
         self._note(tag, enable_cpu_backup, backend)
         if self.hook_mode == "preload":
-            device = _torch().cuda.current_device()
-            with _torch().cuda.use_mem_pool(self._pool((tag, backend, device))), self._with_region_config(
+            pool = self._pool((tag, backend, _torch().cuda.current_device()))
+            with _torch().cuda.use_mem_pool(pool), self._with_region_config(
                 tag=tag, enable_cpu_backup=enable_cpu_backup, **_backend_kwargs(cpu_backup_backend)
             ):
                 yield
@@ -377,7 +379,16 @@ class _Impl:
                 self._local.depth -= 1
 
     @contextlib.contextmanager
-    def cuda_graph(self, cuda_graph, pool, stream, capture_error_mode, tag, enable_cpu_backup, cpu_backup_backend=None):
+    def cuda_graph(
+        self,
+        cuda_graph,
+        pool,
+        stream,
+        capture_error_mode,
+        tag,
+        enable_cpu_backup,
+        cpu_backup_backend=None,
+    ):
         # A paused tag's pool still lists its cached blocks: a capture would be handed memory
         # that is not mapped, and any new segment would fail inside PyTorch's capture. Refused
         # before the capture starts, with what to do.
