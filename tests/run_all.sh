@@ -17,16 +17,25 @@ $sudo apt-get install -y -qq --no-install-recommends \
 
 jobs=$(nproc)
 logs=$(mktemp -d)
+# What each stage costs, printed at the end (docs/reliability.md keeps the figures of a CI run).
+costs=()
+t0=$SECONDS
+stage_done() { costs+=("$(printf '%-22s %5ds' "$1" $((SECONDS - t0)))"); t0=$SECONDS; }
+stage_done "apt"
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo
 cmake --build build -j "$jobs"
+stage_done "build"
 (cd build && ctest -L emu --output-on-failure -j "$jobs" --timeout 900) | tee "$logs/emu.log"
+stage_done "emulator tests"
 
 # Installs as the README describes them (library-only build, cmake --install and a consumer
 # project, pip in a fresh virtual environment), and `ctest -L gpu` here: skipped, not failed.
 bash tests/install/check.sh build | tee "$logs/install.log"
+stage_done "install checks"
 
 # Sanitizers and the bounded fuzzer run (see docs/reliability.md).
 bash tests/sanitizers.sh | tee "$logs/sanitizers.log"
+stage_done "sanitizers"
 
 # One closing line for the whole run: every stage above passed (set -e and pipefail stop at the
 # first failure), so "passed" is what each stage ran and "skipped" the GPU tests this machine
@@ -37,5 +46,7 @@ gpu_skipped=$(sed -nE 's/^GPU tests registered: ([0-9]+); without a GPU every on
 asan=$(out_of "asan\+ubsan: 100% tests passed" "$logs/sanitizers.log")
 tsan=$(sed -nE 's/^tsan: ([0-9]+) threaded tests passed.*/\1/p' "$logs/sanitizers.log")
 fuzzers=$(grep -Ec '^(fuzzer|rendezvous fuzzer): stat::' "$logs/sanitizers.log" || true)
+echo "---- stage costs (seconds; the sanitizer summary above splits its stage) ----"
+printf '%s\n' "${costs[@]}"
 echo "emu ${emu:-0}, install checks 1, asan+ubsan ${asan:-0}, tsan ${tsan:-0}, fuzzers ${fuzzers:-0}; GPU tests skipped ${gpu_skipped:-0}"
 echo "ci: $(( ${emu:-0} + 1 + ${asan:-0} + ${tsan:-0} + ${fuzzers:-0} )) passed, 0 failed, ${gpu_skipped:-0} skipped"
