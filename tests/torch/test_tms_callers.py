@@ -114,6 +114,45 @@ def test_slimes_nested_regions_patch_routes_each_level_into_its_tag():
                                "grads": "offloaded_discard"}
 
 
+def test_a_region_exit_restores_a_backend_named_while_backup_is_off():
+    # A preload-mode region saves the thread's configuration (backup off, the default backend
+    # named) and sets it back on exit through _binary_wrapper.set_config, which, as
+    # torch_memory_saver's, takes each value on its own.
+    shim = _preload.library()
+    assert shim, "set TAGMEM_PRELOAD_LIBRARY to libtagmem_preload.so (ctest and gpu_run.sh do)"
+    child = run_child(
+        """
+        import json
+        from torch_memory_saver import torch_memory_saver
+        torch_memory_saver._ensure_initialized()
+        impl = torch_memory_saver._impl
+        cdll = impl._binary_wrapper.cdll
+        seen = []
+        with impl._with_region_config(tag="weights", enable_cpu_backup=True,
+                                      cpu_backup_backend="mmap"):
+            seen.append([cdll.tms_get_current_tag().decode(),
+                         bool(cdll.tms_get_enable_cpu_backup()),
+                         cdll.tms_get_cpu_backup_backend().decode()])
+        seen.append([cdll.tms_get_current_tag().decode(), bool(cdll.tms_get_enable_cpu_backup()),
+                     cdll.tms_get_cpu_backup_backend().decode()])
+        impl._binary_wrapper.set_config(tag="kv", interesting_region=False,
+                                        enable_cpu_backup=False, cpu_backup_backend="pinned")
+        seen.append([cdll.tms_get_current_tag().decode(), bool(cdll.tms_get_enable_cpu_backup()),
+                     cdll.tms_get_cpu_backup_backend().decode()])
+        try:
+            impl._binary_wrapper.set_config(tag="kv", interesting_region=False,
+                                            enable_cpu_backup=True, cpu_backup_backend="disk")
+            seen.append("accepted")
+        except ValueError as e:
+            seen.append("ValueError")
+        print(json.dumps(seen))
+        """,
+        {"LD_PRELOAD": shim, "TMS_INIT_ENABLE": "1"},
+    )
+    assert child == [["weights", True, "mmap"], ["default", False, "pinned"],
+                     ["kv", False, "pinned"], "ValueError"]
+
+
 def test_dynamos_patch_adds_a_hook_mode_of_its_own():
     # ai-dynamo/dynamo components/src/dynamo/sglang/gpu_memory_service_adapters/
     # torch_memory_saver_patch.py replaces torch_memory_saver.entrypoint.TorchMemorySaver.

@@ -161,8 +161,13 @@ class _BinaryWrapper:
         cpu_backup_backend=None,
         enable_disk_backup=False,
     ):
-        """Sets the calling thread's region configuration, as torch_memory_saver's does."""
-        _check_backup_args(enable_cpu_backup, enable_disk_backup, cpu_backup_backend)
+        """Sets the calling thread's region configuration, as torch_memory_saver's does: each
+        value on its own (a backend may be named while backup is off, as a region's exit restores
+        the thread's earlier configuration); only the names are checked."""
+        if enable_disk_backup:
+            raise NotImplementedError("enable_disk_backup=True: " + _NO_DISK)
+        if cpu_backup_backend is not None:
+            _check_backend(cpu_backup_backend)
         _args.name(tag)  # checked as every tag name, before anything changes
         self.cdll.tms_set_current_tag(tag.encode())
         self.cdll.tms_set_interesting_region(interesting_region)
