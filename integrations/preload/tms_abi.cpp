@@ -5,16 +5,19 @@
 // torch_memory_saver keeps a per-thread configuration (whether allocations are tracked, their tag,
 // whether a pause keeps a CPU copy, the copy's backend) and records it with each allocation. Here
 // the configuration drives the shim's own switches: "tracked" is the thread's routing
-// (tagmem_preload_set_thread_routing), the tag is the thread's tagmem tag scope, and whether a
-// tag is paused with a backup is recorded per tag, process-wide, when a routed thread configures
-// it (Note [backup wanted per tag]). tms_pause / tms_resume offload and reload those tags with
-// tagmem_offload / tagmem_reload on every device that has them.
+// (tagmem_preload_set_thread_routing), and the tag with the backup wish picks the thread's tagmem
+// tag scope (Note [one tagmem tag per backup wish]). tms_pause / tms_resume offload and reload the
+// tagmem tags of a torch_memory_saver tag with tagmem_offload / tagmem_reload on every device that
+// has them.
 //
-// Note [backup wanted per tag]: tagmem offloads whole tags, so a tag that any routed thread
-// configured with a CPU backup is paused with BACKUP from then on (never DISCARD: that would lose
-// bytes a region asked to keep). Only tms_set_enable_cpu_backup upgrades a tag; switching routing
-// on records the thread's tag without upgrading it, so the transient states torch_memory_saver's
-// set_config passes through (tag first, then tracking, then backup) never mark a tag wrongly.
+// Note [one tagmem tag per backup wish]: torch_memory_saver decides per allocation whether a pause
+// keeps its bytes, tagmem per tag. So a torch_memory_saver tag is one tagmem tag per backup wish:
+// the wish it is first configured with (by a routed thread) gets the tag's own name, the other one
+// the name with kBackupSuffix or kNoBackupSuffix appended. A tag always used one way (the usual
+// case) keeps its name. The wish is settled by tms_set_enable_cpu_backup, the last of the calls
+// torch_memory_saver's set_config makes for a region (tag, then tracking, then backup): the states
+// it passes through before never claim a name, and a tag only seen routed (tracking switched on
+// without a backup wish being set) keeps the name unclaimed until one is.
 //
 // The "mmap" backend is accepted and recorded: tagmem backs every tag up to its pinned host store,
 // and a resume of a tag whose backup was asked for with "mmap" (and that keeps no copy) gives the
@@ -60,7 +63,9 @@ const char* env_backend() {
 
 struct thread_config {
   std::string tag = kDefaultTag;
-  bool pushed = false;  // tag is on this thread's tagmem scope (not "default")
+  bool pushed = false;  // `scope` is on this thread's tag scope (the plain "default" is not)
+  std::string scope;    // the tagmem tag pushed
+  int routed = -1;      // -1: not set yet, the routing mode decides (tag scopes, default tag)
   int backup = -1;      // -1: not set yet, TMS_INIT_ENABLE_CPU_BACKUP decides
   std::string backend;  // empty: not set yet, TMS_INIT_CPU_BACKUP_BACKEND decides
 };
@@ -76,10 +81,15 @@ const std::string& thread_backend() {
   return t_config.backend;
 }
 
+constexpr const char* kBackupSuffix = "+cpu_backup";
+constexpr const char* kNoBackupSuffix = "+no_backup";
+
 struct tag_record {
-  std::string name;
+  std::string name;  // the tagmem tag
+  std::string tms;   // the torch_memory_saver tag it is a part of
   bool backup;
   bool reclaim;  // backed up with the "mmap" backend: host memory given back after resume
+  bool claimed;  // its backup wish was set (Note [one tagmem tag per backup wish])
 };
 
 std::mutex g_mutex;
@@ -87,17 +97,45 @@ std::vector<tag_record>* g_tags = nullptr;  // in first-configured order; never 
 bool g_retain = false;
 std::once_flag g_once;
 
+// The tagmem tag a torch_memory_saver tag's first backup wish goes to: its own name, except that
+// "default" is the shim's default tag where one is set (TMS_INIT_ENABLE routes there).
+std::string plain_name(const std::string& tms) {
+  const std::string& d = config().default_tag;
+  return tms == kDefaultTag && !d.empty() ? d : tms;
+}
+
 // Called with g_mutex held.
-void note_locked(const std::string& tag, bool backup, bool upgrade) {
+tag_record* find_locked(const std::string& name) {
   for (tag_record& r : *g_tags) {
-    if (r.name != tag) continue;
-    if (upgrade && backup) {
-      r.backup = true;
-      r.reclaim = thread_backend() == "mmap";
-    }
-    return;
+    if (r.name == name) return &r;
   }
-  g_tags->push_back({tag, upgrade && backup, upgrade && backup && thread_backend() == "mmap"});
+  return nullptr;
+}
+
+// The tagmem tag of `tms` with backup wish `backup`. Called with g_mutex held.
+std::string variant_locked(const std::string& tms, bool backup) {
+  for (const tag_record& r : *g_tags) {
+    if (r.claimed && r.tms == tms && r.backup == backup) return r.name;
+  }
+  const std::string plain = plain_name(tms);
+  const tag_record* owner = find_locked(plain);
+  if (owner != nullptr && owner->claimed && owner->backup != backup) {
+    return tms + (backup ? kBackupSuffix : kNoBackupSuffix);
+  }
+  return plain;
+}
+
+// Records the tagmem tag of (`tms`, `backup`) and returns its name; `claim` settles the wish.
+// Called with g_mutex held.
+std::string note_locked(const std::string& tms, bool backup, bool reclaim, bool claim) {
+  const std::string name = variant_locked(tms, backup);
+  tag_record* r = find_locked(name);
+  if (r == nullptr) {
+    g_tags->push_back({name, tms, backup, backup && reclaim, claim});
+    return name;
+  }
+  if (claim) *r = {name, tms, backup, backup && reclaim, true};
+  return name;
 }
 
 void start() {
@@ -107,28 +145,75 @@ void start() {
     g_retain = env_true("TMS_RETAIN_CPU_BACKUP");
     // TMS_INIT_ENABLE=1: every cudaMalloc outside a region goes to the shim's default tag.
     if (const std::string& d = config().default_tag; !d.empty()) {
-      note_locked(d, env_true("TMS_INIT_ENABLE_CPU_BACKUP"), true);
+      const bool backup = env_true("TMS_INIT_ENABLE_CPU_BACKUP");
+      g_tags->push_back(
+          {d, kDefaultTag, backup, backup && env_backend() == std::string("mmap"), true});
     }
   });
 }
 
-// Records the tag this thread's allocations go to now, when they go to tagmem.
-void note(bool upgrade) {
-  const char* tag = routing_tag();
-  if (tag == nullptr) return;
-  std::lock_guard<std::mutex> lock(g_mutex);
-  note_locked(tag, thread_backup(), upgrade);
+// Points this thread's tag scope at the tagmem tag of its configuration, and records that tag
+// when the thread's allocations go to tagmem; `claim` settles its backup wish and plans its
+// offload (a backed-up tag is pinned ahead as it grows, except with the "mmap" backend, whose
+// promise is host memory only while the tag is paused).
+bool apply(bool claim) {
+  const bool backup = thread_backup();
+  const bool reclaim = thread_backend() == "mmap";
+  std::string name;
+  {
+    std::lock_guard<std::mutex> lock(g_mutex);
+    name = variant_locked(t_config.tag, backup);
+  }
+  // The plain "default" is no scope: outside regions the shim's own default tag applies.
+  const bool push = !(t_config.tag == kDefaultTag && name == plain_name(kDefaultTag));
+  // Left alone when it stays the same, so tag scopes a caller opened above it stay as they are.
+  if (t_config.pushed && !(push && t_config.scope == name)) {
+    tagmem_pop_tag();
+    t_config.pushed = false;
+  }
+  if (push && !t_config.pushed) {
+    if (tagmem_push_tag(name.c_str()) != TAGMEM_SUCCESS) {
+      std::fprintf(stderr, "tagmem: tag \"%s\": %s\n", name.c_str(), tagmem_last_error());
+      return false;
+    }
+    t_config.pushed = true;
+    t_config.scope = name;
+  }
+  // The automatic mode (tag scopes and the shim's default tag decide) wherever it gives the
+  // answer asked for, so that restoring a region's saved configuration gives the thread back the
+  // routing it had, tagmem.tag() scopes included; a forced mode only where it does not. Decided
+  // again whenever the scope changes, as the automatic mode's answer depends on it.
+  if (t_config.routed >= 0) {
+    tagmem_preload_set_thread_routing(TAGMEM_PRELOAD_ROUTE_AUTO);
+    if (tagmem_preload_thread_routed() != t_config.routed) {
+      tagmem_preload_set_thread_routing(t_config.routed ? TAGMEM_PRELOAD_ROUTE_ON
+                                                        : TAGMEM_PRELOAD_ROUTE_OFF);
+    }
+  }
+  if (routing_tag() == nullptr) return true;
+  {
+    std::lock_guard<std::mutex> lock(g_mutex);
+    name = note_locked(t_config.tag, backup, reclaim, claim);
+  }
+  if (claim) {
+    tagmem_tag_plan_offload(name.c_str(), TAGMEM_CURRENT_DEVICE,
+                            backup && !reclaim ? TAGMEM_BACKUP : TAGMEM_DISCARD);
+  }
+  return true;
 }
 
+// The tagmem tags of torch_memory_saver tag `tag` (NULL or "": of every configured tag).
 std::vector<tag_record> selected(const char* tag) {
   std::lock_guard<std::mutex> lock(g_mutex);
   if (tag == nullptr || *tag == '\0') return *g_tags;
+  std::vector<tag_record> out;
   for (const tag_record& r : *g_tags) {
-    if (r.name == tag) return {r};
+    if (r.tms == tag) out.push_back(r);
   }
   // A tag this library never saw configured: paused without a backup, as torch_memory_saver
   // pauses allocations that asked for none.
-  return {{tag, false, false}};
+  if (out.empty()) out.push_back({tag, tag, false, false, false});
+  return out;
 }
 
 // The selected tags that exist on `device`, with their states.
@@ -172,14 +257,8 @@ using namespace tagmem::preload;
 
 TMS_EXPORT void tms_set_interesting_region(bool value) {
   start();
-  // The automatic mode (tag scopes and the shim's default tag decide) wherever it gives the
-  // answer asked for, so that restoring a region's saved configuration gives the thread back the
-  // routing it had, tagmem.tag() scopes included; a forced mode only where it does not.
-  tagmem_preload_set_thread_routing(TAGMEM_PRELOAD_ROUTE_AUTO);
-  if ((tagmem_preload_thread_routed() == 1) != value) {
-    tagmem_preload_set_thread_routing(value ? TAGMEM_PRELOAD_ROUTE_ON : TAGMEM_PRELOAD_ROUTE_OFF);
-  }
-  note(false);
+  t_config.routed = value ? 1 : 0;
+  apply(false);
 }
 
 TMS_EXPORT bool tms_get_interesting_region() { return tagmem_preload_thread_routed() == 1; }
@@ -190,21 +269,14 @@ TMS_EXPORT void tms_set_current_tag(const char* tag) {
     std::fprintf(stderr, "tagmem: tms_set_current_tag(NULL): a tag is needed; nothing changed\n");
     return;
   }
-  if (t_config.pushed) {
-    tagmem_pop_tag();
-    t_config.pushed = false;
-  }
-  t_config.tag = kDefaultTag;
-  // "default" is no scope: outside regions the shim's own default tag applies (TMS_INIT_ENABLE).
-  if (std::strcmp(tag, kDefaultTag) != 0) {
-    if (tagmem_push_tag(tag) != TAGMEM_SUCCESS) {
-      std::fprintf(stderr, "tagmem: tms_set_current_tag(\"%s\"): %s; the tag stays \"default\"\n",
-                   tag, tagmem_last_error());
-      return;
-    }
-    t_config.pushed = true;
-  }
+  const std::string previous = t_config.tag;
   t_config.tag = tag;
+  if (!apply(false)) {
+    std::fprintf(stderr, "tagmem: tms_set_current_tag(\"%s\"): the tag stays \"%s\"\n", tag,
+                 previous.c_str());
+    t_config.tag = previous;
+    apply(false);
+  }
 }
 
 TMS_EXPORT const char* tms_get_current_tag() { return t_config.tag.c_str(); }
@@ -214,7 +286,7 @@ TMS_EXPORT bool tms_get_enable_cpu_backup() { return thread_backup(); }
 TMS_EXPORT void tms_set_enable_cpu_backup(bool value) {
   start();
   t_config.backup = value ? 1 : 0;
-  note(true);
+  apply(true);
 }
 
 TMS_EXPORT const char* tms_get_cpu_backup_backend() { return thread_backend().c_str(); }
@@ -229,7 +301,7 @@ TMS_EXPORT void tms_set_cpu_backup_backend(const char* backend) {
     return;
   }
   t_config.backend = backend;
-  if (thread_backup()) note(true);
+  if (thread_backup()) apply(true);
 }
 
 TMS_EXPORT bool tms_get_enable_disk_backup() { return false; }
@@ -256,26 +328,27 @@ TMS_EXPORT bool tms_get_retain_cpu_backup() {
   return g_retain;
 }
 
-// Pauses `tag` (NULL or "": every tag configured through these functions) on every device: BACKUP
-// for tags that want a CPU copy, else DISCARD; returns once the memory is back with the driver.
-// The caller has finished the work that uses the memory (torch_memory_saver's callers synchronise
-// first). Returns a tagmem_status: a named tag that is paused already is TAG_OFFLOADED (tagmem is
-// stricter than torch_memory_saver here); a tag with no memory anywhere has nothing to pause (0).
-// On an error, the devices before it stay paused.
+// Pauses `tag` (NULL or "": every tag configured through these functions) on every device: its
+// tagmem tags that want a CPU copy with BACKUP, the others with DISCARD; returns once the memory is
+// back with the driver. The caller has finished the work that uses the memory (torch_memory_saver's
+// callers synchronise first). Returns a tagmem_status: a named tag that is paused already (none of
+// its tagmem tags resident) is TAG_OFFLOADED (tagmem is stricter than torch_memory_saver here); a
+// tag with no memory anywhere has nothing to pause (0). On an error, the devices before it stay
+// paused.
 TMS_EXPORT int tms_pause(const char* tag) {
   start();
   const bool named = tag != nullptr && *tag != '\0';
   const std::vector<tag_record> want = selected(tag);
   for (int d = 0; d < kMaxDevices && device_exists(d); ++d) {
     std::vector<std::string> backup, discard;
-    for (const auto& [r, state] : present(want, d)) {
-      if (state != TAGMEM_RESIDENT) {
-        if (named) return TAGMEM_ERROR_TAG_OFFLOADED;
-        continue;
-      }
-      (r.backup ? backup : discard).push_back(r.name);
+    const auto here = present(want, d);
+    for (const auto& [r, state] : here) {
+      if (state == TAGMEM_RESIDENT) (r.backup ? backup : discard).push_back(r.name);
     }
-    if (backup.empty() && discard.empty()) continue;  // no context is made on devices unused here
+    if (backup.empty() && discard.empty()) {
+      if (named && !here.empty()) return TAGMEM_ERROR_TAG_OFFLOADED;
+      continue;
+    }  // no context is made on devices unused here
     if (int s = offload_group(backup, d, TAGMEM_BACKUP)) return s;
     if (int s = offload_group(discard, d, TAGMEM_DISCARD)) return s;
     if (int s = tagmem_wait_released(d)) return s;
@@ -287,8 +360,9 @@ TMS_EXPORT int tms_pause(const char* tag) {
 // addresses. With tms_set_retain_cpu_backup(true) the host copies of backed-up tags are kept
 // (tagmem_set_keep_backup); otherwise they are given back, and a tag backed up with the "mmap"
 // backend also gives the store's free host memory back to the system. Returns a tagmem_status:
-// a named tag that is resident is TAG_RESIDENT; a resume that does not fit is OUT_OF_MEMORY with
-// the tag still paused and its backup intact; a tag with no memory anywhere has nothing to resume.
+// a named tag that is resident (none of its tagmem tags paused) is TAG_RESIDENT; a resume that does
+// not fit is OUT_OF_MEMORY with the tag still paused and its backup intact; a tag with no memory
+// anywhere has nothing to resume.
 TMS_EXPORT int tms_resume(const char* tag) {
   start();
   const bool named = tag != nullptr && *tag != '\0';
@@ -297,16 +371,17 @@ TMS_EXPORT int tms_resume(const char* tag) {
   bool reclaim = false;
   for (int d = 0; d < kMaxDevices && device_exists(d); ++d) {
     std::vector<const char*> names;
-    for (const auto& [r, state] : present(want, d)) {
-      if (state == TAGMEM_RESIDENT) {
-        if (named) return TAGMEM_ERROR_TAG_RESIDENT;
-        continue;
-      }
+    const auto here = present(want, d);
+    for (const auto& [r, state] : here) {
+      if (state == TAGMEM_RESIDENT) continue;
       if (r.backup) tagmem_set_keep_backup(r.name.c_str(), d, retain ? 1 : 0);
       reclaim |= r.reclaim && !retain;
       names.push_back(r.name.c_str());
     }
-    if (names.empty()) continue;
+    if (names.empty()) {
+      if (named && !here.empty()) return TAGMEM_ERROR_TAG_RESIDENT;
+      continue;
+    }
     if (int s = tagmem_reload(names.data(), names.size(), d)) return s;
   }
   if (reclaim) tagmem_host_trim(0);

@@ -199,3 +199,70 @@ def test_the_mmap_backend_gives_host_memory_back_after_resume_and_pinned_keeps_t
     assert out["pinned_kept"] and out["paused"] and out["bytes"]
     assert out["released"] == 0
     assert out["refused"] == "mmap" and out["disk"] is False
+
+
+def test_one_tag_with_and_without_a_backup_keeps_only_the_backed_up_bytes(run_under_shim):
+    # torch_memory_saver decides per allocation: two regions of one tag, one asking for a CPU
+    # backup and one not, pause together; only the first keeps its bytes. The second wish is a
+    # tagmem tag of its own, named after the first.
+    out = run_under_shim(
+        """
+        out = {}
+        set_config("default", True, True, "mmap")
+        a, da = filled(3 << 20)
+        set_config("default", False, False)
+        set_config("default", True, False)
+        b, db = filled(5000)
+        set_config("default", True, True, "pinned")  # the backed-up wish again, other backend
+        c, dc = filled(4096)
+        set_config("default", False, False)
+        out["owners"] = [tagmem.pointer_info(x)["tag"] for x in (a, b, c)]
+        out["pause"] = p.tms_pause(b"default")
+        out["states"] = [tagmem.state("default"), tagmem.state("default+no_backup")]
+        out["backup"] = [backup_bytes(a, len(da)) == da, backup_bytes(b, len(db)),
+                         backup_bytes(c, len(dc)) == dc]
+        out["pause_again"] = p.tms_pause(b"default")
+        out["resume"] = p.tms_resume(b"default")
+        out["kept"] = [io.read(a, len(da)) == da, io.read(c, len(dc)) == dc]
+        out["resume_again"] = p.tms_resume(b"default")
+        io.write(b, db)  # given back without its bytes, writable again
+        out["rewritten"] = io.read(b, len(db)) == db
+        print(json.dumps(out))
+        """,
+        {},
+    )
+    assert out["owners"] == ["default", "default+no_backup", "default"]
+    assert out["pause"] == 0 and out["states"] == ["offloaded_backup", "offloaded_discard"]
+    assert out["backup"] == [True, None, True]
+    assert out["pause_again"] == 3 and out["resume"] == 0 and out["resume_again"] == 4
+    assert out["kept"] == [True, True] and out["rewritten"]
+
+
+def test_a_retained_copy_stays_at_its_host_address_across_resume_and_the_next_pause(
+    run_under_shim,
+):
+    out = run_under_shim(
+        """
+        out = {}
+        set_config("kept", True, True)
+        w, dw = filled(4096)
+        set_config("default", False, False)
+        addr = lambda: ctypes.cast(p.tms_get_cpu_backup_pointer(
+            ctypes.cast(w, ctypes.POINTER(ctypes.c_uint8)), len(dw)), ctypes.c_void_p).value
+        assert p.tms_pause(b"kept") == 0
+        first = addr()
+        p.tms_set_retain_cpu_backup(True)
+        assert p.tms_resume(b"kept") == 0
+        out["resumed"] = [addr() == first, backup_bytes(w, len(dw)) == dw]
+        dw2 = rng.randbytes(len(dw))
+        io.write(w, dw2)
+        assert p.tms_pause(b"kept") == 0
+        out["repaused"] = [addr() == first, backup_bytes(w, len(dw)) == dw2]
+        p.tms_set_retain_cpu_backup(False)
+        assert p.tms_resume(b"kept") == 0
+        out["released"] = [addr() is None, io.read(w, len(dw)) == dw2]
+        print(json.dumps(out))
+        """,
+        {},
+    )
+    assert out == {"resumed": [True, True], "repaused": [True, True], "released": [True, True]}

@@ -53,9 +53,13 @@ def test_racing_first_calls_make_one_implementation(monkeypatch):
 def torch_free(monkeypatch):
     """The drop-in in torch hook mode over the plain tag API: a region is tagmem.tag, and the
     device is the emulated driver's one."""
-    cuda = types.SimpleNamespace(device_count=lambda: 1, synchronize=lambda device=None: None)
+    cuda = types.SimpleNamespace(
+        device_count=lambda: 1, current_device=lambda: 0, synchronize=lambda device=None: None
+    )
     monkeypatch.setattr(dropin, "_torch", lambda: types.SimpleNamespace(cuda=cuda))
-    monkeypatch.setattr(dropin, "_tt", lambda: types.SimpleNamespace(tag=tagmem.tag))
+    monkeypatch.setattr(
+        dropin, "_tt", lambda: types.SimpleNamespace(tag=tagmem.tag, pool=lambda name: name)
+    )
 
 
 def test_a_backup_any_saver_asked_for_is_kept_by_every_saver(torch_free, io, rng):
@@ -190,3 +194,43 @@ def test_torch_mode_mmap_backend_gives_host_memory_back_after_resume_and_answers
     with pytest.raises(ValueError, match="'pinned' or 'mmap'"):
         with saver.region(tag=pinned, enable_cpu_backup=True, cpu_backup_backend="floppy"):
             pass
+
+
+def test_torch_mode_one_tag_with_and_without_a_backup_keeps_only_the_backed_up_bytes(
+    torch_free, io, rng
+):
+    # torch_memory_saver's cpu_backup example: regions of one tag with and without a CPU backup
+    # pause together, and only the backed-up allocations keep their bytes; the pools are found
+    # under torch_memory_saver's key.
+    saver = dropin.TorchMemorySaver()
+    saver.hook_mode = "torch"
+    tag = f"t{rng.randrange(1 << 30)}"
+    sizes = [rng.randrange(1, 64) << 12 for _ in range(3)]
+    with saver.region(tag=tag, enable_cpu_backup=True, cpu_backup_backend="mmap"):
+        a = tagmem.raw_alloc(sizes[0])
+    with saver.region(tag=tag):
+        b = tagmem.raw_alloc(sizes[1])
+    with saver.region(tag=tag, enable_cpu_backup=True, cpu_backup_backend="pinned"):
+        c = tagmem.raw_alloc(sizes[2])
+    data = [rng.randbytes(n) for n in sizes]
+    for ptr, d in zip((a, b, c), data):
+        io.write(ptr, d)
+    owners = [tagmem.pointer_info(x)["tag"] for x in (a, b, c)]
+    assert owners == [tag, tag + "+no_backup", tag]
+    assert set(saver._impl._mem_pools) == {
+        (tag, True, False, "mmap", 0), (tag, False, False, "", 0), (tag, True, False, "pinned", 0)
+    }
+    saver.pause(tag)
+    assert [tagmem.state(tag), tagmem.state(tag + "+no_backup")] == [
+        "offloaded_backup", "offloaded_discard"
+    ]
+    with pytest.raises(tagmem.TagOffloadedError):
+        saver.pause(tag)
+    saver.resume(tag)
+    with pytest.raises(tagmem.TagResidentError):
+        saver.resume(tag)
+    assert io.read(a, sizes[0]) == data[0] and io.read(c, sizes[2]) == data[2]
+    io.write(b, data[1])  # given back without its bytes, writable again
+    assert io.read(b, sizes[1]) == data[1]
+    for ptr in (a, b, c):
+        tagmem.raw_free(ptr)

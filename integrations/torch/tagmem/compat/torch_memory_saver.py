@@ -21,9 +21,11 @@ use; by default "preload" when libtagmem_preload.so is loaded in the process, el
   the shim's TAGMEM_PRELOAD_TAG when set), TMS_INIT_ENABLE_CPU_BACKUP=1 backs that tag up on
   pause.
 
-``pause(tag)`` offloads (BACKUP for tags whose regions asked for a CPU backup, else DISCARD) and
-returns once the memory is back with the driver; ``resume(tag)`` maps it again at the same
-addresses. Pausing a paused tag or resuming a resident one raises TagOffloadedError /
+A region tag is one tagmem tag per backup wish (the first wish keeps the tag's name, the other
+gets "+cpu_backup" or "+no_backup" appended), as torch_memory_saver decides per allocation whether
+a pause keeps its bytes. ``pause(tag)`` offloads its tagmem tags (BACKUP for those of regions that
+asked for a CPU backup, else DISCARD) and returns once the memory is back with the driver;
+``resume(tag)`` maps them again at the same addresses. Pausing a paused tag or resuming a resident one raises TagOffloadedError /
 TagResidentError; a resume that does not fit raises OutOfMemoryError (a MemoryError) with the tag
 still paused and its backup intact, so it can be retried. Differences from torch_memory_saver are
 listed in docs/torch.md (disk backup raises NotImplementedError).
@@ -176,37 +178,57 @@ class _BinaryWrapper:
             self.cdll.tms_set_cpu_backup_backend(cpu_backup_backend.encode())
 
 
+_BACKUP_SUFFIX = "+cpu_backup"
+_NO_BACKUP_SUFFIX = "+no_backup"
+
+
 class _BackupRecord:
-    """Which region tags keep their bytes when paused: process-wide, shared by every
-    TorchMemorySaver (torch_memory_saver records it with each allocation, so a saver pauses with a
-    backup what any saver's region allocated with one). A tag once opened with a CPU backup keeps
-    wanting one: pausing it with DISCARD would lose data a region asked to keep."""
+    """The tagmem tags of the region tags, process-wide, shared by every TorchMemorySaver.
+
+    torch_memory_saver decides per allocation whether a pause keeps its bytes, tagmem per tag: a
+    region tag is one tagmem tag per backup wish. The wish it is first opened with gets the tag's
+    own name, the other one the name with "+cpu_backup" or "+no_backup" appended (the preload
+    shim's tms_* functions name them the same way), so a tag always used one way keeps its name."""
 
     def __init__(self):
         self._lock = threading.Lock()
-        self._wanted = {}  # tag -> whether pause keeps its bytes, in first-use order
-        self._reclaim = set()  # tags backed up with the "mmap" backend
+        self._records = {}  # tagmem tag -> [region tag, backup, reclaim], in first-use order
+
+    def _variant(self, tag, backup):
+        for name, (owner, wants, _) in self._records.items():
+            if owner == tag and wants == backup:
+                return name
+        held = self._records.get(tag)
+        if held is not None and held[1] != backup:
+            return tag + (_BACKUP_SUFFIX if backup else _NO_BACKUP_SUFFIX)
+        return tag
 
     def note(self, tag, backup, backend="pinned"):
-        """Records a region of `tag`; returns whether the tag wants a backup now."""
+        """Records a region of `tag` with backup wish `backup`; returns its tagmem tag. With a
+        backup, `backend` "mmap" makes resumes that keep no copy give host memory back."""
+        backup = bool(backup)
         with self._lock:
-            self._wanted[tag] = self._wanted.get(tag, False) or bool(backup)
-            if backup and backend == "mmap":
-                self._reclaim.add(tag)
-            return self._wanted[tag]
+            name = self._variant(tag, backup)
+            self._records[name] = [tag, backup, backup and backend == "mmap"]
+            return name
 
-    def wants(self, tag):
+    def names(self, tag=None):
+        """The tagmem tags of region tag `tag` (None: of every region tag)."""
         with self._lock:
-            return self._wanted.get(tag, False)
+            return [n for n, r in self._records.items() if tag is None or r[0] == tag]
 
-    def reclaims(self, tag):
-        """Whether a resume of `tag` that keeps no copy gives host memory back to the system."""
+    def wants(self, name):
+        """Whether tagmem tag `name` keeps its bytes when paused."""
         with self._lock:
-            return tag in self._reclaim
+            return self._records.get(name, (None, False, False))[1]
+
+    def reclaims(self, name):
+        """Whether a resume of tagmem tag `name` that keeps no copy gives host memory back."""
+        with self._lock:
+            return self._records.get(name, (None, False, False))[2]
 
     def tags(self):
-        with self._lock:
-            return list(self._wanted)
+        return self.names()
 
 
 _backups = _BackupRecord()
@@ -239,7 +261,11 @@ class _Impl:
         self._retain = _tms_env.flag("TMS_RETAIN_CPU_BACKUP")
         self._binary_wrapper = _BinaryWrapper(self)
         self._lock = threading.Lock()
-        self._pools = {}  # preload mode: (tag, backend, device) -> the MemPool its regions use
+        # The MemPool of each region configuration, under torch_memory_saver's key (tag,
+        # enable_cpu_backup, enable_disk_backup, resolved backend or "", device), as callers that
+        # release a region's pool read it. Preload mode: a fresh pool (module doc); torch mode: the
+        # pool of the region's tagmem tag.
+        self._mem_pools = {}
         self._local = threading.local()  # torch mode: depth, off, backup, backend
         if _tms_env.flag("TMS_INIT_ENABLE"):
             if hook_mode == "preload":
@@ -322,17 +348,19 @@ class _Impl:
             self._local.backend = backend
 
     def _note(self, tag, backup, backend="pinned"):
-        wants = _backups.note(tag, backup, backend)
+        """Records a region of `tag`; returns the tagmem tag its allocations go to."""
+        name = _backups.note(tag, backup, backend)
         # A region with a CPU backup is pinned ahead as it grows (tagmem_tag_plan_offload), except
         # with the "mmap" backend, whose promise is host memory only while the tag is paused.
-        backup_ahead = wants and not _backups.reclaims(tag)
-        _api.plan_offload(tag, _api.BACKUP if backup_ahead else _api.DISCARD)
+        backup_ahead = _backups.wants(name) and not _backups.reclaims(name)
+        _api.plan_offload(name, _api.BACKUP if backup_ahead else _api.DISCARD)
+        return name
 
-    def _pool(self, key):
+    def _pool(self, key, make):
         with self._lock:
-            pool = self._pools.get(key)
+            pool = self._mem_pools.get(key)
             if pool is None:
-                pool = self._pools[key] = _torch().cuda.MemPool()
+                pool = self._mem_pools[key] = make()
             return pool
 
     @contextlib.contextmanager
@@ -365,9 +393,10 @@ class _Impl:
     @contextlib.contextmanager
     def region(self, tag, enable_cpu_backup, cpu_backup_backend=None):
         backend = (cpu_backup_backend or self.thread_backend()) if enable_cpu_backup else ""
-        self._note(tag, enable_cpu_backup, backend)
+        key = (tag, bool(enable_cpu_backup), False, backend, _torch().cuda.current_device())
         if self.hook_mode == "preload":
-            pool = self._pool((tag, backend, _torch().cuda.current_device()))
+            # The shim names and plans the region's tagmem tag (tms_set_enable_cpu_backup).
+            pool = self._pool(key, _torch().cuda.MemPool)
             with _torch().cuda.use_mem_pool(pool), self._with_region_config(
                 tag=tag, enable_cpu_backup=enable_cpu_backup, **_backend_kwargs(cpu_backup_backend)
             ):
@@ -376,7 +405,9 @@ class _Impl:
         if getattr(self._local, "off", False):  # region tracking switched off on this thread
             yield
             return
-        with _tt().tag(tag):
+        name = self._note(tag, enable_cpu_backup, backend)
+        self._pool(key, lambda: _tt().pool(name))
+        with _tt().tag(name):
             self._local.depth = getattr(self._local, "depth", 0) + 1
             try:
                 yield
@@ -398,12 +429,12 @@ class _Impl:
         # that is not mapped, and any new segment would fail inside PyTorch's capture. Refused
         # before the capture starts, with what to do.
         device = _torch().cuda.current_device()
-        if _api.exists(tag, device) and _api.state(tag, device) != "resident":
+        names = {tag, tag + _BACKUP_SUFFIX, tag + _NO_BACKUP_SUFFIX, *_backups.names(tag)}
+        if any(_api.exists(n, device) and _api.state(n, device) != "resident" for n in names):
             raise _errors.error_for(
                 3, f"torch_memory_saver.cuda_graph: tag '{tag}' is paused; resume('{tag}') first"
             )
         backend = (cpu_backup_backend or self.thread_backend()) if enable_cpu_backup else ""
-        self._note(tag, enable_cpu_backup, backend)
         if self.hook_mode == "preload":
             with _torch().cuda.graph(
                 cuda_graph, pool=pool, stream=stream, capture_error_mode=capture_error_mode
@@ -412,8 +443,9 @@ class _Impl:
             ):
                 yield
             return
+        name = self._note(tag, enable_cpu_backup, backend)
         if pool is None:  # a pool passed in is a graph's earlier pool(), hence the tag's
-            pool = _tt().pool(tag).id
+            pool = _tt().pool(name).id
         with _torch().cuda.graph(
             cuda_graph, pool=pool, stream=stream, capture_error_mode=capture_error_mode
         ):
@@ -441,13 +473,15 @@ class _Impl:
     # ---- pause and resume ---------------------------------------------------------------------
 
     def _present(self, tag):
-        """[(device, [tags])] of the selected region tags that exist, per device."""
-        known = _backups.tags() if tag is None else [tag]
+        """[(device, {tagmem tag: state})] of the tagmem tags of region tag `tag` (None: of every
+        region tag) that exist, per device."""
+        known = _backups.names(tag) or ([] if tag is None else [tag])
         out = []
         for d in range(_torch().cuda.device_count()):
-            names = [n for n in known if n in set(_api.tags(d))]
-            if names:
-                out.append((d, names))
+            here = set(_api.tags(d))
+            states = {n: _api.state(n, d) for n in known if n in here}
+            if states:
+                out.append((d, states))
         return out
 
     def _shim_call(self, what, tag):
@@ -467,11 +501,11 @@ class _Impl:
             self._shim_call("pause", tag)
             return
         work = []
-        for d, names in self._present(tag):
-            states = {n: _api.state(n, d) for n in names}
-            if tag is not None and states[tag] != "resident":
+        for d, states in self._present(tag):
+            names = [n for n, state in states.items() if state == "resident"]
+            if tag is not None and not names:
                 raise _errors.error_for(3, f"torch_memory_saver.pause: tag '{tag}' is paused already")
-            work.append((d, [n for n in names if states[n] == "resident"]))
+            work.append((d, names))
         for d, names in work:
             _torch().cuda.synchronize(d)
             for mode in (_api.BACKUP, _api.DISCARD):
@@ -485,11 +519,11 @@ class _Impl:
             self._shim_call("resume", tag)
             return
         work = []
-        for d, names in self._present(tag):
-            states = {n: _api.state(n, d) for n in names}
-            if tag is not None and states[tag] == "resident":
+        for d, states in self._present(tag):
+            names = [n for n, state in states.items() if state != "resident"]
+            if tag is not None and not names:
                 raise _errors.error_for(4, f"torch_memory_saver.resume: tag '{tag}' is not paused")
-            work.append((d, [n for n in names if states[n] != "resident"]))
+            work.append((d, names))
         reclaim = False
         for d, names in work:
             for n in names:
