@@ -219,19 +219,26 @@ meta_vector<physical_part> map_parts(device& dev, CUdeviceptr va, std::size_t by
   meta_vector<physical_part> parts;
   parts.reserve(1);
   if (recycle) dev.recycler().take_up_to(bytes, parts);
-  std::size_t received = 0;  // bytes taken from `from`
+  std::size_t received = 0;  // bytes taken from `from`, parts [from_begin, from_end)
+  std::size_t from_begin = parts.size(), from_end = parts.size();
   if (from) {
     std::size_t covered = 0;
     for (const physical_part& p : parts) covered += p.size;
-    const std::size_t before = parts.size();
     if (covered < bytes) from->take_up_to(bytes - covered, parts);
-    for (std::size_t i = before; i < parts.size(); ++i) received += parts[i].size;
+    from_end = parts.size();
+    for (std::size_t i = from_begin; i < from_end; ++i) received += parts[i].size;
   }
   std::size_t mapped = 0, at = 0;  // parts [0, mapped) are mapped, over [va, va + at)
   std::size_t taken = parts.size();
+  // A run that cannot be completed (a reload waiting for more memory from the job's processes:
+  // Note [reload waits for peers]) gives back the received handles it took, for its next try,
+  // rather than to the driver.
   auto undo = [&] {
     const bool unmapped = at == 0 || api.cuMemUnmap(va, at) == CUDA_SUCCESS;
-    for (std::size_t i = 0; i < parts.size(); ++i) dispose(dev, parts[i], i < taken && unmapped);
+    for (std::size_t i = 0; i < parts.size(); ++i) {
+      if (unmapped && i >= from_begin && i < from_end && from->put_back(parts[i])) continue;
+      dispose(dev, parts[i], i < taken && unmapped);
+    }
   };
   try {
     std::size_t covered = 0;

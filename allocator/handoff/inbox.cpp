@@ -11,14 +11,9 @@ inbox::~inbox() {
 }
 
 bool inbox::put(physical_part p) noexcept {
+  if (!do_put_back(p)) return false;
   {
     std::lock_guard lock(mutex_);
-    try {
-      held_.emplace(p.size, item{p.handle, clock::now()});
-    } catch (...) {
-      return false;
-    }
-    bytes_ += p.size;
     ++arrivals_;
   }
   arrived_.notify_all();
@@ -87,6 +82,18 @@ void inbox::do_take_up_to(std::size_t bytes, meta_vector<physical_part>& out) {
     bytes_ -= it->first;
     held_.erase(it);
   }
+}
+
+// Not an arrival: a reload waiting for more must not wake for what it gave back itself.
+bool inbox::do_put_back(const physical_part& p) noexcept {
+  std::lock_guard lock(mutex_);
+  try {
+    held_.emplace(p.size, item{p.handle, clock::now()});
+  } catch (...) {
+    return false;
+  }
+  bytes_ += p.size;
+  return true;
 }
 
 void inbox::do_mapped(std::size_t bytes) noexcept { stats_.mapped_received_bytes += bytes; }

@@ -46,6 +46,7 @@ class inbox final : public physical_source {
   };
   using held_map = std::multimap<std::size_t, item>;  // by size
   void do_take_up_to(std::size_t bytes, meta_vector<physical_part>& out) override;
+  bool do_put_back(const physical_part& p) noexcept override;
   void do_mapped(std::size_t bytes) noexcept override;
   std::size_t do_bytes() const noexcept override;
   template <class Pred>
