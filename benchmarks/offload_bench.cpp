@@ -11,7 +11,12 @@
 //                        [--rl-variants=default,copy_engines,kernel_always,no_pin_ahead,
 //                        keep,settle,no_kv]
 //                        [--rl-discard-sweep=1G,2G,4G,8G]
-//                        [--rl-two-variants=default,handoff] [--rl-two-shapes=roomy,tight]
+//                        [--rl-two-variants=default,handoff,overlap,overlap_early]
+//                        [--rl-two-shapes=roomy,tight]
+//
+// --rl-variants serves both RL scenarios: each takes the names it knows ("default" is both's),
+// and one that finds none of its own there runs its default list; --rl-two-variants, the older
+// spelling for rl_two_process, overrides what it takes from --rl-variants.
 //
 // --scale multiplies every default size (16.06 GB of weights, 60 GiB of kv cache, 4 GiB for the
 // raw link) so the same binary runs on the emulator (e.g. --scale=0.01). tagmem's own knobs
@@ -67,6 +72,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   options opt;
+  std::string cycle_names, two_names;
   try {
     opt.scale = a.num("scale", 1.0);
     opt.cycles = std::max(2, int(a.num("cycles", 5)));
@@ -76,7 +82,13 @@ int main(int argc, char** argv) {
     opt.link_bytes =
         a.bytes("link-bytes",
                 std::max<std::size_t>(64u << 20, std::size_t(4.0 * (1ull << 30) * opt.scale)));
-    opt.rl_variants = a.str("rl-variants", opt.rl_variants);
+    for (const std::string& name : split(a.str("rl-variants", ""))) {
+      std::string& names = is_rl_two_variant(name) ? two_names : cycle_names;
+      names += (names.empty() ? "" : ",") + name;
+      if (name == "default") cycle_names += (cycle_names.empty() ? "" : ",") + name;
+    }
+    if (!cycle_names.empty()) opt.rl_variants = cycle_names;  // rl_cycle refuses unknown names
+    if (!two_names.empty()) opt.rl_two_variants = two_names;
     opt.rl_discard_sweep = a.str("rl-discard-sweep", "");
     opt.rl_two_variants = a.str("rl-two-variants", opt.rl_two_variants);
     opt.rl_two_shapes = a.str("rl-two-shapes", opt.rl_two_shapes);

@@ -9,20 +9,24 @@
 // engine pause, trainer resume, trainer pause, engine resume. Cycle 1 is reported apart, and each
 // side verifies its bytes after its resume in cycle 1 and in the last cycle.
 //
-// Variants (--rl-two-variants): `default`, memory back with the driver between the two sides;
-// `handoff`, TAGMEM_HANDOFF=on with one TAGMEM_JOB for both children, so what one side offloads
-// goes to the other (Note [handoff]). Shapes (--rl-two-shapes): `roomy`, the sizes as given;
-// `tight`, where the runner maps a ballast once both sides exist, so that with the engine resident
-// under 2 GiB (at most 1/16 of the trainer side) stays free, as when its kv cache fills the
-// device: the trainer fits only as the engine leaves, and the engine only with the trainer's
-// memory back. Each (variant, shape) runs in fresh children. A switch is timed
-// from the start of the outgoing pause to the end of the incoming resume (CLOCK_MONOTONIC, one
-// clock for both children), and set beside two limits from this run's raw link: sequential
-// (B_out/D2H + B_in/H2D) and overlapped (max(B_in/H2D, B_out/D2H, (B_in + B_out)/bidir,
-// and, when B_in > F + D, (B_in - F - D)/D2H + min(P, B_in)/H2D); B: BACKUP bytes, D: DISCARD
-// bytes handed at once, F: free device memory at the switch start, P: the largest mapping,
-// TAGMEM_MAX_MAPPING_BYTES's default). A thread of the runner samples free device memory
-// throughout; its minimum is reported.
+// Variants (--rl-variants, or --rl-two-variants): `default`, memory back with the driver between
+// the two sides; `handoff`, TAGMEM_HANDOFF=on with one TAGMEM_JOB for both children, so what one
+// side offloads goes to the other (Note [handoff]); `overlap`, handoff with the outgoing pause and
+// the incoming resume called at the same time, so that the D2H and H2D copies share the link;
+// `overlap_early`, handoff with TAGMEM_OFFLOAD_RETURN=queued and the calls one after the other,
+// as a framework's RPCs make them (Note [early return]): the pause returns with its copies
+// queued. The engine pauses its kv cache before its weights and resumes its weights first. Shapes
+// (--rl-two-shapes): `roomy`, the sizes as given; `tight`, where the runner maps a ballast once
+// both sides exist, so that with the engine resident under 2 GiB (at most 1/16 of the trainer side)
+// stays free, as when its kv cache fills the device: the trainer fits only as the engine leaves,
+// and the engine only with the trainer's memory back. Each (variant, shape) runs in fresh children.
+// A switch is timed from the start of the outgoing pause to the end of the incoming resume
+// (CLOCK_MONOTONIC, one clock for both children; with the calls at once, from the earlier start),
+// and set beside two limits from this run's raw link: sequential (B_out/D2H + B_in/H2D) and
+// overlapped (max(B_in/H2D, B_out/D2H, (B_in + B_out)/bidir, and, when B_in > F + D, (B_in - F -
+// D)/D2H + min(P, B_in)/H2D); B: BACKUP bytes, D: DISCARD bytes handed at once, F: free device
+// memory at the switch start, P: the largest mapping, TAGMEM_MAX_MAPPING_BYTES's default). A thread
+// of the runner samples free device memory throughout; its minimum is reported.
 #include <fcntl.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -43,7 +47,9 @@ namespace {
 const char* kTrainer[] = {"trainer_weights", "trainer_optim"};
 const char* kEngineWeights[] = {"engine_weights"};
 const char* kEngineKv[] = {"engine_kv"};
-const char* kEngineAll[] = {"engine_kv", "engine_weights"};
+// Weights first: their copies start at once, while the kv cache (nothing to copy) maps last, from
+// whatever memory the trainer has given back by then.
+const char* kEngineAll[] = {"engine_weights", "engine_kv"};
 
 // One side's state in its own process.
 struct side {
@@ -68,12 +74,18 @@ std::string pause(side& s) {
   sync_device();
   auto t0 = clock::now();
   if (s.engine) {
-    check(tagmem_offload(kEngineWeights, 1, 0, TAGMEM_BACKUP), "pause (engine weights)");
+    // The kv cache first: it has nothing to copy, so its memory is free (or handed) at once.
     check(tagmem_offload(kEngineKv, 1, 0, TAGMEM_DISCARD), "pause (engine kv)");
+    check(tagmem_offload(kEngineWeights, 1, 0, TAGMEM_BACKUP), "pause (engine weights)");
   } else {
     check(tagmem_offload(kTrainer, 2, 0, TAGMEM_BACKUP), "pause (trainer)");
   }
-  check(tagmem_wait_released(0), "tagmem_wait_released");
+  // With TAGMEM_OFFLOAD_RETURN=queued the pause returns with its copies queued
+  // (tagmem_wait_released would wait for them): the framework's way of overlapping the switch.
+  const char* early = std::getenv("TAGMEM_OFFLOAD_RETURN");
+  if (!early || std::strcmp(early, "queued") != 0) {
+    check(tagmem_wait_released(0), "tagmem_wait_released");
+  }
   return timed_reply(t0);
 }
 
@@ -253,7 +265,25 @@ namespace {
 struct two_variant {
   std::string name;
   bool handoff = false;
+  bool at_once = false;  // pause and resume called at the same time
+  bool early = false;    // TAGMEM_OFFLOAD_RETURN=queued
 };
+
+// Both sides' calls at the same time: the commands go out before either reply is read.
+std::pair<answer, answer> ask_both(child& out, const char* out_cmd, child& in, const char* in_cmd) {
+  std::fprintf(out.to, "%s\n", out_cmd);
+  std::fflush(out.to);
+  const answer b = ask_full(in.to, in.from, in.who, in_cmd);
+  char line[1024];
+  if (!std::fgets(line, sizeof line, out.from)) {
+    throw std::runtime_error(std::string(out.who) + " died during '" + out_cmd + "'");
+  }
+  answer a;
+  if (std::sscanf(line, "ok %lf %lf %lf", &a.seconds, &a.a, &a.b) < 1) {
+    throw std::runtime_error(std::string(out.who) + " '" + out_cmd + "': " + line);
+  }
+  return {a, b};
+}
 
 // Free device memory, sampled every millisecond on a thread of the runner; the minimum.
 class free_sampler {
@@ -313,8 +343,9 @@ void run_one(env& e, const std::vector<std::string>& child_args, const two_varia
   std::vector<std::pair<std::string, std::string>> vars;
   if (v.handoff) {
     vars = {{"TAGMEM_HANDOFF", "on"},
-            {"TAGMEM_JOB", "rl-two-" + std::to_string(getpid()) + "-" + shape}};
+            {"TAGMEM_JOB", "rl-two-" + std::to_string(getpid()) + "-" + v.name + "-" + shape}};
   }
+  if (v.early) vars.push_back({"TAGMEM_OFFLOAD_RETURN", "queued"});
   env_override settings(vars);
   const std::size_t weights = sum(weights_sizes(e.opt.scale));
   const double trainer_bytes = 2.0 * weights;
@@ -346,18 +377,24 @@ void run_one(env& e, const std::vector<std::string>& child_args, const two_varia
     for (int c = 1; c <= e.opt.cycles; ++c) {
       const bool check_now = c == 1 || c == e.opt.cycles;
       free_to_trainer.push_back(double(device_stats().device_free_bytes));
-      const answer a = ask_full(engine.to, engine.from, "engine", "pause");
-      const answer b = ask_full(trainer.to, trainer.from, "trainer", "resume");
+      auto call_pair = [&](child& out, child& in) {
+        if (v.at_once) return ask_both(out, "pause", in, "resume");
+        const answer a = ask_full(out.to, out.from, out.who, "pause");
+        return std::make_pair(a, ask_full(in.to, in.from, in.who, "resume"));
+      };
+      auto switch_s = [](const answer& a, const answer& b) {
+        return (b.b - std::min(a.a, b.a)) / 1e9;
+      };
+      const auto [a, b] = call_pair(engine, trainer);
       ep.push_back(a.seconds);
       tr.push_back(b.seconds);
-      to_trainer.push_back((b.b - a.a) / 1e9);
+      to_trainer.push_back(switch_s(a, b));
       if (check_now) ask(trainer.to, trainer.from, "trainer", "verify");
       free_to_engine.push_back(double(device_stats().device_free_bytes));
-      const answer c2 = ask_full(trainer.to, trainer.from, "trainer", "pause");
-      const answer d = ask_full(engine.to, engine.from, "engine", "resume");
+      const auto [c2, d] = call_pair(trainer, engine);
       tp.push_back(c2.seconds);
       er.push_back(d.seconds);
-      to_engine.push_back((d.b - c2.a) / 1e9);
+      to_engine.push_back(switch_s(c2, d));
       if (check_now) ask(engine.to, engine.from, "engine", "verify");
       std::printf(
           "[%s] cycle %d: engine pause %.1f ms, trainer resume %.1f ms, trainer pause %.1f ms, "
@@ -426,14 +463,18 @@ void run_one(env& e, const std::vector<std::string>& child_args, const two_varia
 
 }  // namespace
 
+bool is_rl_two_variant(const std::string& name) {
+  return name == "default" || name == "handoff" || name == "overlap" || name == "overlap_early";
+}
+
 void run_rl_two_process(env& e, const std::vector<std::string>& child_args) {
   std::vector<two_variant> variants;
   for (const std::string& want : split(e.opt.rl_two_variants)) {
-    if (want != "default" && want != "handoff") {
+    if (!is_rl_two_variant(want)) {
       throw std::runtime_error("--rl-two-variants: unknown variant '" + want +
-                               "' (default, handoff)");
+                               "' (default, handoff, overlap, overlap_early)");
     }
-    variants.push_back({want, want == "handoff"});
+    variants.push_back({want, want != "default", want == "overlap", want == "overlap_early"});
   }
   for (const std::string& shape : split(e.opt.rl_two_shapes)) {
     if (shape != "roomy" && shape != "tight") {

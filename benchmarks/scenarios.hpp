@@ -26,8 +26,9 @@ struct options {
   std::size_t link_bytes = 0;       // 4 GiB x scale (at least 64 MiB) unless given
   std::string rl_variants = "default,no_pin_ahead,keep,settle,no_kv";  // scenario_rl_cycle.cpp
   std::string rl_discard_sweep;  // TAGMEM_DISCARD_MAPPING_BYTES values for rl_cycle, "1G,2G"
-  std::string rl_two_variants = "default";  // scenario_rl_two.cpp: default, handoff
-  std::string rl_two_shapes = "roomy";      // scenario_rl_two.cpp: roomy, tight
+  // scenario_rl_two.cpp: default, handoff, overlap, overlap_early
+  std::string rl_two_variants = "default";
+  std::string rl_two_shapes = "roomy";  // scenario_rl_two.cpp: roomy, tight
 };
 
 struct link_speed {
@@ -57,6 +58,8 @@ void run_rl_cycle(env& e);
 // The two-process variant starts this program twice with --rl-role and `child_args` (the sizes);
 // run_rl_role is what such a child runs (returns its exit status).
 void run_rl_two_process(env& e, const std::vector<std::string>& child_args);
+// Whether `name` is a variant of rl_two_process (--rl-variants serves both RL scenarios).
+bool is_rl_two_variant(const std::string& name);
 int run_rl_role(env& e, const std::string& role);
 
 // Fresh tagmem for one scenario (configuration from TAGMEM_* variables).

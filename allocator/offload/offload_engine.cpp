@@ -64,7 +64,8 @@ class pipeline {
   pipeline& operator=(const pipeline&) = delete;
 
   ~pipeline();
-  void run(tag* const* outs, std::size_t out_count, tag* const* ins, std::size_t in_count);
+  void run(tag* const* outs, std::size_t out_count, tag* const* ins, std::size_t in_count,
+           const std::function<void()>& queued = {});
 
  private:
   bool out_left() const noexcept { return out_at_ < outs_.size(); }
@@ -428,7 +429,8 @@ void pipeline::wait_for_peers_step() noexcept {
 
 // ---- the loop -----------------------------------------------------------------------------
 
-void pipeline::run(tag* const* outs, std::size_t out_count, tag* const* ins, std::size_t in_count) {
+void pipeline::run(tag* const* outs, std::size_t out_count, tag* const* ins, std::size_t in_count,
+                   const std::function<void()>& queued) {
   context_guard guard(dev_.context());
   out_memory_ = choose_out_memory(in_count);
   ins_.reserve(in_count);
@@ -480,6 +482,7 @@ void pipeline::run(tag* const* outs, std::size_t out_count, tag* const* ins, std
       for (incoming& in : ins_) undo(in);
       throw;
     }
+    if (queued) queued();  // Note [early return]: nothing unmapped yet, every copy queued
   }
   try {
     while (out_left() || in_open()) {
@@ -523,7 +526,8 @@ CUresult return_unused(device& dev, const config& cfg) noexcept {
 }  // namespace
 
 void move_tags(device& dev, tag* const* outs, std::size_t out_count, tagmem_offload_mode mode,
-               tag* const* ins, std::size_t in_count, host_store& store, const config& cfg) {
+               tag* const* ins, std::size_t in_count, host_store& store, const config& cfg,
+               const std::function<void()>& queued) {
   // Releases wait until this pipeline's unmaps are done (Note [background release]).
   struct hold_releases {
     release_queue& q;
@@ -534,7 +538,7 @@ void move_tags(device& dev, tag* const* outs, std::size_t out_count, tagmem_offl
   try {
     pipeline p(dev, mode, store, cfg);
     try {
-      p.run(outs, out_count, ins, in_count);
+      p.run(outs, out_count, ins, in_count, queued);
     } catch (...) {
       return_unused(dev, cfg);
       throw;

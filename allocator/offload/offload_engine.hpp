@@ -6,6 +6,8 @@
 // the two lists disjoint, all on `dev`.
 #pragma once
 
+#include <functional>
+
 #include "host/host_store.hpp"
 #include "tags/tag.hpp"
 
@@ -19,12 +21,17 @@ namespace tagmem {
 //  - a failure on the in side (device memory, a driver call): the out side completes; the
 //    in-tags before the failing one are reloaded, it and those after stay offloaded with their
 //    backups intact; throws it.
+// `queued`, when set, is called once every out-tag's copies are queued and before anything is
+// unmapped (Note [early return] in registry/early_offloads.hpp): a failure before it leaves every
+// tag as it was; it is not called when there is no out side.
 void move_tags(device& dev, tag* const* outs, std::size_t out_count, tagmem_offload_mode mode,
-               tag* const* ins, std::size_t in_count, host_store& store, const config& cfg);
+               tag* const* ins, std::size_t in_count, host_store& store, const config& cfg,
+               const std::function<void()>& queued = {});
 
 inline void offload_tags(device& dev, tag* const* tags, std::size_t count, tagmem_offload_mode mode,
-                         host_store& store, const config& cfg) {
-  move_tags(dev, tags, count, mode, nullptr, 0, store, cfg);
+                         host_store& store, const config& cfg,
+                         const std::function<void()>& queued = {}) {
+  move_tags(dev, tags, count, mode, nullptr, 0, store, cfg, queued);
 }
 
 inline void reload_tags(device& dev, tag* const* tags, std::size_t count, host_store& store,

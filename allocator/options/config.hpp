@@ -40,6 +40,7 @@ struct config {
   int handoff_wait_ms = 0;
   int handoff_hold_ms = 0;
   int handoff_timeout_ms = 0;
+  bool offload_return_queued = false;  // TAGMEM_OFFLOAD_RETURN=queued (Note [early return])
 };
 
 // Builds the configuration; throws INVALID_ARGUMENT on a bad value.

@@ -43,6 +43,7 @@ registry::registry(const config& cfg) : cfg_(cfg) {
       fail(TAGMEM_ERROR_INVALID_ARGUMENT, std::string("TAGMEM_HANDOFF=on: ") + e.what());
     }
   }
+  if (cfg_.offload_return_queued) early_ = std::make_unique<early_offloads>();
   if (cfg_.pin_ahead) {
     pinner_ = std::make_unique<background_pinning>([this]() -> host_store& { return store(); },
                                                    [this] { return planned_backup_bytes(); });
@@ -50,6 +51,7 @@ registry::registry(const config& cfg) : cfg_(cfg) {
 }
 
 registry::~registry() {
+  early_.reset();   // waits for the offloads that returned early: they use everything below
   pinner_.reset();  // it walks the tags and pins into the store
   store_.reset();   // host memory first: it is registered with device 0's context
   for (auto& s : slots_) {
@@ -278,13 +280,21 @@ void registry::offload(const char* const* names, std::size_t count, int ordinal,
   meta_vector<tag*> list = lookup_unique(names, count, ordinal, "tagmem_offload");
   if (list.empty()) return;
   host_store& hs = store(ordinal);
-  after_operation noted{[&]() noexcept { note_offloaded(ordinal); }};
-  multi_lock lock(list);
-  for (tag* t : list) {
-    TAGMEM_EXPECTS(!t->offloaded() || t->partial(), TAGMEM_ERROR_TAG_OFFLOADED,
-                   std::string("tag '") + t->name() + "' is already offloaded");
+  device& d = dev(ordinal);
+  auto body = [this, list, &hs, &d, ordinal, mode](const std::function<void()>& queued) {
+    after_operation noted{[&]() noexcept { note_offloaded(ordinal); }};
+    multi_lock lock(list);
+    for (tag* t : list) {
+      TAGMEM_EXPECTS(!t->offloaded() || t->partial(), TAGMEM_ERROR_TAG_OFFLOADED,
+                     std::string("tag '") + t->name() + "' is already offloaded");
+    }
+    offload_tags(d, list.data(), list.size(), mode, hs, cfg_, queued);
+  };
+  if (early_) {
+    early_->start(ordinal, std::move(body));  // Note [early return]
+  } else {
+    body({});
   }
-  offload_tags(dev(ordinal), list.data(), list.size(), mode, hs, cfg_);
 }
 
 void registry::reload(const char* const* names, std::size_t count, int ordinal) {
@@ -363,6 +373,7 @@ void registry::plan_offload(const char* name, int ordinal, tagmem_offload_mode m
 
 void registry::wait_released(int ordinal) {
   device& d = dev(ordinal);
+  if (early_) early_->wait(ordinal);                    // Note [early return]
   if (peer_memory* p = d.peers()) p->release_unfit(0);  // received and not mapped: as kept ones
   context_guard guard(d.context());                     // parked mappings are unmapped first
   d.recycler().release_all(d.releases());               // Note [physical recycling]

@@ -17,6 +17,7 @@
 #include "host/background_pinning.hpp"
 #include "host/host_store.hpp"
 #include "options/config.hpp"
+#include "registry/early_offloads.hpp"
 #include "tags/tag.hpp"
 
 namespace tagmem {
@@ -51,7 +52,9 @@ class registry {
   void swap(const char* const* out_names, std::size_t out_count, const char* const* in_names,
             std::size_t in_count, int ordinal, tagmem_offload_mode mode);
   std::size_t empty_cache(int ordinal);
-  void wait_released(int ordinal);  // Note [background release]; throws DRIVER
+  // Note [background release]; first waits for the device's offloads that returned early (Note
+  // [early return]) and throws the first failure they met. Throws DRIVER.
+  void wait_released(int ordinal);
   // Records how the tag will be offloaded (creating it): BACKUP pins ahead (Note [pin ahead]).
   void plan_offload(const char* name, int ordinal, tagmem_offload_mode mode);
 
@@ -87,6 +90,7 @@ class registry {
   meta_vector<std::unique_ptr<device_slot>> slots_;
   std::unique_ptr<host_store> store_;
   std::unique_ptr<background_pinning> pinner_;  // null with TAGMEM_PIN_AHEAD=off
+  std::unique_ptr<early_offloads> early_;       // with TAGMEM_OFFLOAD_RETURN=queued
 };
 
 // Checks a tag name (non-empty, at most TAGMEM_MAX_TAG_NAME bytes, printable, no spaces).

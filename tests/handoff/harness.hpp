@@ -7,10 +7,12 @@
 // TAGMEM_PEER_DIR per test run (main.cpp), so that concurrent runs never meet.
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "tagmem/tagmem.h"
@@ -51,5 +53,16 @@ std::uint64_t emu_calls(const char* entry);
 // Live allocations + mappings + reservations of the emulator in this process ("" when none, and
 // on the real driver).
 std::string emu_leaks();
+
+// Polls `done` every 5 ms for at most 10 s (a bound, not a timing assertion).
+template <class Done>
+bool eventually(Done done) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (!done()) {
+    if (std::chrono::steady_clock::now() > deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  return true;
+}
 
 }  // namespace tagmem::handoff_test

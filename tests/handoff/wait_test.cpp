@@ -23,17 +23,6 @@ using preload_test::peer_process;
 constexpr std::size_t MiB = std::size_t{1} << 20;
 constexpr std::size_t kPiece = 30 * MiB;
 
-// Polls `done` every 5 ms for at most 10 s (a bound, not a timing assertion).
-template <class Done>
-bool eventually(Done done) {
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-  while (!done()) {
-    if (std::chrono::steady_clock::now() > deadline) return false;
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  }
-  return true;
-}
-
 // A giver: resident DISCARD tag of two mappings, offloaded when told; exits when told.
 TAGMEM_PEER_SCENARIO(resident_giver) {
   check(tagmem_init(nullptr), "tagmem_init");

@@ -1,0 +1,163 @@
+// early_test.cpp — offloads that return once their copies are queued (TAGMEM_OFFLOAD_RETURN=queued,
+// Note [early return] in allocator/registry/early_offloads.hpp): the call returns before anything
+// is unmapped, touching the tag waits for the end, a failure before the copies are queued is the
+// call's and one after is tagmem_wait_released's, and a process that exits meanwhile still
+// finishes handing its memory to the job's reload that waits for it.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <memory>
+#include <random>
+#include <thread>
+
+#include "emu_controls.hpp"
+#include "harness.hpp"
+#include "peer.hpp"
+
+namespace tagmem::handoff_test {
+namespace {
+
+using preload_test::peer_args;
+using preload_test::peer_process;
+
+constexpr std::size_t MiB = std::size_t{1} << 20;
+constexpr std::size_t kPiece = 30 * MiB;
+
+class EarlyReturn : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    seed_ = std::random_device{}();
+    ASSERT_TRUE(reliability::emu().available);
+    total_ = reliability::emu().device_bytes(0);
+    before_ = take_fd_census();
+    setenv("TAGMEM_OFFLOAD_RETURN", "queued", 1);
+  }
+  void TearDown() override {
+    unsetenv("TAGMEM_OFFLOAD_RETURN");
+    reliability::emu().set_copy_bytes_per_second(0);
+    reliability::emu().clear_faults();
+    tagmem_shutdown();
+    reliability::emu().set_device_bytes(0, total_);
+    EXPECT_EQ(reliability::emu().device_used_bytes(0), 0u) << "the shared device is not empty";
+    EXPECT_EQ(emu_leaks(), "");
+    EXPECT_EQ(take_fd_census(), before_)
+        << describe(take_fd_census()) << " / " << describe(before_);
+  }
+  std::uint64_t seed_ = 0;
+  std::uint64_t total_ = 0;
+  fd_census before_;
+};
+
+// The copies run at 8 MiB/s, so the offload of 24 MiB needs 3 s: the call returns with every
+// mapping still in place, and the reload that follows waits for the offload's end, then restores
+// every byte.
+TEST_F(EarlyReturn, ReturnsBeforeUnmappingAndTouchingWaits) {
+  ASSERT_EQ(tagmem_init(nullptr), TAGMEM_SUCCESS) << tagmem_last_error();
+  std::mt19937_64 rng(seed_);
+  tag_data w = fill_tag("w", 3, 8 * MiB, rng);
+  const char* w_tag = "w";
+  const std::uint64_t mappings = reliability::emu().live_mappings();
+  reliability::emu().set_copy_bytes_per_second(8 * MiB);
+  ASSERT_EQ(tagmem_offload(&w_tag, 1, 0, TAGMEM_BACKUP), TAGMEM_SUCCESS) << tagmem_last_error();
+  EXPECT_EQ(reliability::emu().live_mappings(), mappings)
+      << "the offload unmapped before returning";
+  reliability::emu().set_copy_bytes_per_second(0);
+  ASSERT_EQ(tagmem_reload(&w_tag, 1, 0), TAGMEM_SUCCESS) << tagmem_last_error();
+  EXPECT_EQ(corrupted(w), 0u);
+  tagmem_tag_stats ts{};
+  ASSERT_EQ(tagmem_tag_stats_get("w", 0, &ts), TAGMEM_SUCCESS);
+  EXPECT_EQ(ts.state, TAGMEM_RESIDENT);
+  EXPECT_EQ(ts.offload_count, 1u);
+  // tagmem_wait_released waits for the end; the tag is offloaded then.
+  ASSERT_EQ(tagmem_offload(&w_tag, 1, 0, TAGMEM_BACKUP), TAGMEM_SUCCESS) << tagmem_last_error();
+  ASSERT_EQ(tagmem_wait_released(0), TAGMEM_SUCCESS) << tagmem_last_error();
+  EXPECT_LT(reliability::emu().live_mappings(), mappings) << "nothing unmapped once it ended";
+  ASSERT_EQ(tagmem_reload(&w_tag, 1, 0), TAGMEM_SUCCESS) << tagmem_last_error();
+  EXPECT_EQ(corrupted(w), 0u);
+}
+
+// A failure found before the copies are queued is the call's own: the tag is as it was.
+TEST_F(EarlyReturn, RefusalBeforeQueueingIsTheCalls) {
+  ASSERT_EQ(tagmem_init(nullptr), TAGMEM_SUCCESS) << tagmem_last_error();
+  std::mt19937_64 rng(seed_);
+  tag_data w = fill_tag("w", 2, 4 * MiB, rng);
+  const char* w_tag = "w";
+  ASSERT_EQ(tagmem_offload(&w_tag, 1, 0, TAGMEM_BACKUP), TAGMEM_SUCCESS) << tagmem_last_error();
+  EXPECT_EQ(tagmem_offload(&w_tag, 1, 0, TAGMEM_BACKUP), TAGMEM_ERROR_TAG_OFFLOADED);
+  ASSERT_EQ(tagmem_wait_released(0), TAGMEM_SUCCESS) << tagmem_last_error();
+  ASSERT_EQ(tagmem_reload(&w_tag, 1, 0), TAGMEM_SUCCESS) << tagmem_last_error();
+  EXPECT_EQ(corrupted(w), 0u);
+}
+
+// A failure after the call returned (an unmap the driver refuses) leaves the tag resident with its
+// bytes, as without early return, and the next tagmem_wait_released reports it, once.
+TEST_F(EarlyReturn, FailureAfterReturningIsReportedByWaitReleased) {
+  ASSERT_EQ(tagmem_init(nullptr), TAGMEM_SUCCESS) << tagmem_last_error();
+  std::mt19937_64 rng(seed_);
+  tag_data w = fill_tag("w", 2, 4 * MiB, rng);
+  const char* w_tag = "w";
+  ASSERT_EQ(reliability::emu().fail_call("cuMemUnmap", 1, CUDA_ERROR_UNKNOWN), 0);
+  ASSERT_EQ(tagmem_offload(&w_tag, 1, 0, TAGMEM_BACKUP), TAGMEM_SUCCESS) << tagmem_last_error();
+  EXPECT_NE(tagmem_wait_released(0), TAGMEM_SUCCESS);
+  EXPECT_NE(std::string(tagmem_last_error()).find("cuMemUnmap"), std::string::npos)
+      << tagmem_last_error();
+  EXPECT_EQ(tagmem_wait_released(0), TAGMEM_SUCCESS) << tagmem_last_error();
+  tagmem_tag_stats ts{};
+  ASSERT_EQ(tagmem_tag_stats_get("w", 0, &ts), TAGMEM_SUCCESS);
+  EXPECT_EQ(ts.state, TAGMEM_RESIDENT);
+  EXPECT_EQ(corrupted(w), 0u);
+}
+
+// A giver whose offload returns early says so and exits at once, without tagmem_shutdown; its
+// atexit handler finishes the offload, handing its memory to the reload that waits for it. The
+// giver's handles (30 MiB) are smaller than the reload's run (60 MiB): the first one waits in the
+// reload's hands for the second, and both are mapped, none created.
+TAGMEM_PEER_SCENARIO(early_giver) {
+  check(tagmem_init(nullptr), "tagmem_init");
+  std::mt19937_64 rng(std::stoull(args.channel.receive()));
+  tag_data g = fill_tag("g", 2, kPiece, rng);
+  args.channel.send("resident");
+  args.channel.expect("offload");
+  const char* g_tag = "g";
+  check(tagmem_offload(&g_tag, 1, 0, TAGMEM_BACKUP), "offload g");
+  args.channel.send("returned");
+  return 0;  // exit(): the atexit handler waits for the offload
+}
+
+TEST_F(EarlyReturn, ExitingGiverStillHandsItsMemory) {
+  setenv("TAGMEM_HANDOFF_ANNOUNCE", "reload", 1);  // the taker takes only while reloading
+  const tagmem_status init = tagmem_init(nullptr);
+  unsetenv("TAGMEM_HANDOFF_ANNOUNCE");
+  ASSERT_EQ(init, TAGMEM_SUCCESS) << tagmem_last_error();
+  unsetenv("TAGMEM_OFFLOAD_RETURN");  // this process offloads as usual; the giver returns early
+  std::mt19937_64 rng(seed_);
+  tag_data w = fill_tag("w", 2, kPiece, rng);
+  const char* w_tag = "w";
+  ASSERT_EQ(tagmem_offload(&w_tag, 1, 0, TAGMEM_BACKUP), TAGMEM_SUCCESS) << tagmem_last_error();
+  ASSERT_EQ(tagmem_wait_released(0), TAGMEM_SUCCESS);
+  setenv("TAGMEM_OFFLOAD_RETURN", "queued", 1);
+  auto giver = std::make_unique<peer_process>("early_giver", "g");
+  giver->channel().send(std::to_string(seed_ + 1));
+  ASSERT_EQ(giver->channel().receive(), "resident");
+  reliability::emu().set_device_bytes(0, reliability::emu().device_used_bytes(0));  // full
+  tagmem_status reload = TAGMEM_ERROR_INTERNAL;
+  std::string message;
+  std::thread reloader([&] {
+    reload = tagmem_reload(&w_tag, 1, 0);
+    message = tagmem_last_error();
+  });
+  EXPECT_TRUE(eventually([] { return handoff_stats().listening == 1; }));
+  giver->channel().send("offload");
+  EXPECT_EQ(giver->channel().receive(), "returned");
+  EXPECT_EQ(giver->wait(), 0);
+  reloader.join();
+  ASSERT_EQ(reload, TAGMEM_SUCCESS) << message;
+  EXPECT_EQ(corrupted(w), 0u);
+  const tagmem_handoff_stats s = handoff_stats();
+  EXPECT_EQ(s.received_bytes, 2 * kPiece);
+  EXPECT_EQ(s.mapped_received_bytes, 2 * kPiece);
+}
+
+}  // namespace
+}  // namespace tagmem::handoff_test
