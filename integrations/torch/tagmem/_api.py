@@ -10,6 +10,7 @@ has none). Modes are ``"backup"`` / ``"discard"`` or the BACKUP / DISCARD consta
 
 import contextlib
 import ctypes
+import os
 
 from . import _args, _errors, _lib
 
@@ -104,7 +105,9 @@ def offload(tags, mode=BACKUP, device=None):
     TagOffloadedError or a duplicate no tag is changed. DISCARD hands the memory back to the driver
     in the background: call wait_released() before another process or allocator needs it. With
     TAGMEM_RECYCLE_PHYSICAL=keep the process keeps it, and a DISCARD offload leaves it mapped (the
-    addresses do not fault) until the reload takes it back or something else needs it.
+    addresses do not fault) until the reload takes it back or something else needs it. With
+    TAGMEM_OFFLOAD_RETURN=queued it returns once the copies are queued and finishes on a thread of
+    its own; touching these tags waits for the end (docs/handoff.md).
     """
     names, count = _names(tags)
     _errors.check(_lib.lib().tagmem_offload(names, count, _device(device), _mode(mode)))
@@ -178,8 +181,16 @@ def empty_cache(device=None):
 
 def wait_released(device=None):
     """Waits until the device memory DISCARD offloads and swaps gave up is back with the driver
-    (tagmem's own allocations wait for it by themselves; other allocators and processes do not)."""
+    (tagmem's own allocations wait for it by themselves; other allocators and processes do not),
+    after the offloads that returned early (TAGMEM_OFFLOAD_RETURN=queued) have ended; raises the
+    first failure one of them met after returning."""
     _errors.check(_lib.lib().tagmem_wait_released(_device(device)))
+
+
+def offload_returns_early():
+    """Whether offloads return once their copies are queued (TAGMEM_OFFLOAD_RETURN=queued, read
+    from the environment as tagmem reads it when it starts)."""
+    return os.environ.get("TAGMEM_OFFLOAD_RETURN", "done") == "queued"
 
 
 def release_physical(device=None):

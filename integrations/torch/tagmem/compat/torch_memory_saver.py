@@ -512,7 +512,8 @@ class _Impl:
                 group = [n for n in names if (mode == _api.BACKUP) == _backups.wants(n)]
                 if group:
                     _api.offload(group, mode, d)
-            _api.wait_released(d)
+            if not _api.offload_returns_early():  # else the copies run on after pause returns
+                _api.wait_released(d)
 
     def resume(self, tag):
         if self.hook_mode == "preload":

@@ -67,7 +67,8 @@ def _offload_split(keep, drop, d):
         tt.offload(keep, tt.BACKUP, d)
     if drop:
         tt.offload(drop, tt.DISCARD, d)
-    _api.wait_released(d)  # as in vLLM, the memory is free for others once this returns
+    if not _api.offload_returns_early():  # TAGMEM_OFFLOAD_RETURN=queued: the copies run on
+        _api.wait_released(d)  # as in vLLM, the memory is free for others once this returns
 
 
 _EXPANDABLE_ON = "expandable_segments:True"
