@@ -1,9 +1,11 @@
 // early_test.cpp — offloads that return once their copies are queued (TAGMEM_OFFLOAD_RETURN=queued,
 // Note [early return] in allocator/registry/early_offloads.hpp): the call returns before anything
 // is unmapped, touching the tag waits for the end, a failure before the copies are queued is the
-// call's and one after is tagmem_wait_released's, and a process that exits meanwhile still
-// finishes handing its memory to the job's reload that waits for it.
+// call's and one after is tagmem_wait_released's, a process that exits meanwhile still finishes
+// handing its memory to the job's reload that waits for it, and a giver or taker killed while the
+// offload drains costs no byte of a BACKUP tag and leaves nothing behind (three processes too).
 #include <gtest/gtest.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -157,6 +159,93 @@ TEST_F(EarlyReturn, ExitingGiverStillHandsItsMemory) {
   const tagmem_handoff_stats s = handoff_stats();
   EXPECT_EQ(s.received_bytes, 2 * kPiece);
   EXPECT_EQ(s.mapped_received_bytes, 2 * kPiece);
+}
+
+// A giver that returns early, then reloads and checks its own tag when told.
+TAGMEM_PEER_SCENARIO(early_giver_checked) {
+  check(tagmem_init(nullptr), "tagmem_init");
+  std::mt19937_64 rng(std::stoull(args.channel.receive()));
+  tag_data g = fill_tag("g", 2, kPiece, rng);
+  args.channel.send("resident");
+  args.channel.expect("offload");
+  const char* g_tag = "g";
+  check(tagmem_offload(&g_tag, 1, 0, TAGMEM_BACKUP), "offload g");
+  args.channel.send("returned");
+  args.channel.expect("check");
+  check(tagmem_reload(&g_tag, 1, 0), "reload g");
+  args.channel.send(corrupted(g) == 0 ? "intact" : "corrupted");
+  args.channel.expect("exit");
+  check(tagmem_shutdown(), "tagmem_shutdown");
+  return emu_leaks().empty() ? 0 : 12;
+}
+
+// Three processes: this one reloads 120 MiB on a full device; giver A, returning early, is killed
+// at its second export, after handing over one 30 MiB handle (its other 30 MiB go back with it);
+// giver B then hands over both of its handles. The reload maps the three handles, creates the
+// 30 MiB A left to the driver, and restores every byte; B's own tag comes back whole.
+TEST_F(EarlyReturn, GiverKilledWhileDrainingAndAnotherGiverFinishes) {
+  setenv("TAGMEM_HANDOFF_ANNOUNCE", "reload", 1);
+  const tagmem_status init = tagmem_init(nullptr);
+  unsetenv("TAGMEM_HANDOFF_ANNOUNCE");
+  ASSERT_EQ(init, TAGMEM_SUCCESS) << tagmem_last_error();
+  std::mt19937_64 rng(seed_);
+  tag_data w = fill_tag("w", 4, kPiece, rng);
+  const char* w_tag = "w";
+  ASSERT_EQ(tagmem_offload(&w_tag, 1, 0, TAGMEM_BACKUP), TAGMEM_SUCCESS) << tagmem_last_error();
+  ASSERT_EQ(tagmem_wait_released(0), TAGMEM_SUCCESS) << tagmem_last_error();
+  auto a = std::make_unique<peer_process>(
+      "early_giver_checked", "a",
+      std::vector<std::string>{"TAGMEM_EMU_KILL_AT=cuMemExportToShareableHandle:2"});
+  auto b = std::make_unique<peer_process>("early_giver_checked", "b");
+  a->channel().send(std::to_string(seed_ + 1));
+  b->channel().send(std::to_string(seed_ + 2));
+  ASSERT_EQ(a->channel().receive(), "resident");
+  ASSERT_EQ(b->channel().receive(), "resident");
+  reliability::emu().set_device_bytes(0, reliability::emu().device_used_bytes(0));  // full
+  tagmem_status reload = TAGMEM_ERROR_INTERNAL;
+  std::string message;
+  std::thread reloader([&] {
+    reload = tagmem_reload(&w_tag, 1, 0);
+    message = tagmem_last_error();
+  });
+  EXPECT_TRUE(eventually([] { return handoff_stats().listening == 1; }));
+  a->channel().send("offload");  // it may die before or after saying "returned"
+  EXPECT_EQ(a->wait(), 128 + SIGKILL);
+  a.reset();
+  b->channel().send("offload");
+  EXPECT_EQ(b->channel().receive(), "returned");
+  reloader.join();
+  ASSERT_EQ(reload, TAGMEM_SUCCESS) << message;
+  EXPECT_EQ(corrupted(w), 0u);
+  const tagmem_handoff_stats s = handoff_stats();
+  EXPECT_EQ(s.received_bytes, 3 * kPiece);
+  EXPECT_EQ(s.mapped_received_bytes, 3 * kPiece);
+  reliability::emu().set_device_bytes(0, total_);
+  b->channel().send("check");
+  EXPECT_EQ(b->channel().receive(), "intact");
+  b->channel().send("exit");
+  EXPECT_EQ(b->wait(), 0);
+}
+
+// The taker dies importing the first handle of an offload that returned early: the offload's
+// thread finds the session gone, gives its memory to the driver and ends without a failure; the
+// tag comes back whole.
+TEST_F(EarlyReturn, TakerKilledWhileTheOffloadDrains) {
+  peer_process taker(
+      "victim_taker", "t",
+      {"TAGMEM_EMU_KILL_AT=cuMemImportFromShareableHandle:1", "TAGMEM_OFFLOAD_RETURN=done"});
+  taker.channel().send(std::to_string(seed_ + 1));
+  ASSERT_EQ(taker.channel().receive(), "listening");
+  ASSERT_EQ(tagmem_init(nullptr), TAGMEM_SUCCESS) << tagmem_last_error();
+  std::mt19937_64 rng(seed_);
+  tag_data own = fill_tag("own", 2, kPiece, rng);
+  const char* own_tag = "own";
+  ASSERT_EQ(tagmem_offload(&own_tag, 1, 0, TAGMEM_BACKUP), TAGMEM_SUCCESS) << tagmem_last_error();
+  EXPECT_EQ(taker.wait(), 128 + SIGKILL);
+  ASSERT_EQ(tagmem_wait_released(0), TAGMEM_SUCCESS) << tagmem_last_error();
+  EXPECT_EQ(handoff_stats().given_bytes, 0u);
+  ASSERT_EQ(tagmem_reload(&own_tag, 1, 0), TAGMEM_SUCCESS) << tagmem_last_error();
+  EXPECT_EQ(corrupted(own), 0u);
 }
 
 }  // namespace
