@@ -111,10 +111,8 @@ TEST_F(EarlyReturn, FailureAfterReturningIsReportedByWaitReleased) {
   EXPECT_EQ(corrupted(w), 0u);
 }
 
-// A giver whose offload returns early says so and exits at once, without tagmem_shutdown; its
-// atexit handler finishes the offload, handing its memory to the reload that waits for it. The
-// giver's handles (30 MiB) are smaller than the reload's run (60 MiB): the first one waits in the
-// reload's hands for the second, and both are mapped, none created.
+// A giver whose offload returns early: it says so, then either exits at once, without
+// tagmem_shutdown (its atexit handler finishes the offload), or reloads and checks its tag.
 TAGMEM_PEER_SCENARIO(early_giver) {
   check(tagmem_init(nullptr), "tagmem_init");
   std::mt19937_64 rng(std::stoull(args.channel.receive()));
@@ -124,9 +122,18 @@ TAGMEM_PEER_SCENARIO(early_giver) {
   const char* g_tag = "g";
   check(tagmem_offload(&g_tag, 1, 0, TAGMEM_BACKUP), "offload g");
   args.channel.send("returned");
-  return 0;  // exit(): the atexit handler waits for the offload
+  if (args.channel.receive() == "exit_now") return 0;  // exit(): the atexit handler waits
+  check(tagmem_reload(&g_tag, 1, 0), "reload g");
+  args.channel.send(corrupted(g) == 0 ? "intact" : "corrupted");
+  args.channel.expect("exit");
+  check(tagmem_shutdown(), "tagmem_shutdown");
+  return emu_leaks().empty() ? 0 : 12;
 }
 
+// A giver whose offload returns early says so and exits at once, without tagmem_shutdown; its
+// atexit handler finishes the offload, handing its memory to the reload that waits for it. The
+// giver's handles (30 MiB) are smaller than the reload's run (60 MiB): the first one waits in the
+// reload's hands for the second, and both are mapped, none created.
 TEST_F(EarlyReturn, ExitingGiverStillHandsItsMemory) {
   setenv("TAGMEM_HANDOFF_ANNOUNCE", "reload", 1);  // the taker takes only while reloading
   const tagmem_status init = tagmem_init(nullptr);
@@ -143,40 +150,17 @@ TEST_F(EarlyReturn, ExitingGiverStillHandsItsMemory) {
   giver->channel().send(std::to_string(seed_ + 1));
   ASSERT_EQ(giver->channel().receive(), "resident");
   reliability::emu().set_device_bytes(0, reliability::emu().device_used_bytes(0));  // full
-  tagmem_status reload = TAGMEM_ERROR_INTERNAL;
-  std::string message;
-  std::thread reloader([&] {
-    reload = tagmem_reload(&w_tag, 1, 0);
-    message = tagmem_last_error();
-  });
+  reload_thread reloader("w");
   EXPECT_TRUE(eventually([] { return handoff_stats().listening == 1; }));
   giver->channel().send("offload");
   EXPECT_EQ(giver->channel().receive(), "returned");
+  giver->channel().send("exit_now");
   EXPECT_EQ(giver->wait(), 0);
-  reloader.join();
-  ASSERT_EQ(reload, TAGMEM_SUCCESS) << message;
+  ASSERT_EQ(reloader.finish(), "");
   EXPECT_EQ(corrupted(w), 0u);
   const tagmem_handoff_stats s = handoff_stats();
   EXPECT_EQ(s.received_bytes, 2 * kPiece);
   EXPECT_EQ(s.mapped_received_bytes, 2 * kPiece);
-}
-
-// A giver that returns early, then reloads and checks its own tag when told.
-TAGMEM_PEER_SCENARIO(early_giver_checked) {
-  check(tagmem_init(nullptr), "tagmem_init");
-  std::mt19937_64 rng(std::stoull(args.channel.receive()));
-  tag_data g = fill_tag("g", 2, kPiece, rng);
-  args.channel.send("resident");
-  args.channel.expect("offload");
-  const char* g_tag = "g";
-  check(tagmem_offload(&g_tag, 1, 0, TAGMEM_BACKUP), "offload g");
-  args.channel.send("returned");
-  args.channel.expect("check");
-  check(tagmem_reload(&g_tag, 1, 0), "reload g");
-  args.channel.send(corrupted(g) == 0 ? "intact" : "corrupted");
-  args.channel.expect("exit");
-  check(tagmem_shutdown(), "tagmem_shutdown");
-  return emu_leaks().empty() ? 0 : 12;
 }
 
 // Three processes: this one reloads 120 MiB on a full device; giver A, returning early, is killed
@@ -194,28 +178,22 @@ TEST_F(EarlyReturn, GiverKilledWhileDrainingAndAnotherGiverFinishes) {
   ASSERT_EQ(tagmem_offload(&w_tag, 1, 0, TAGMEM_BACKUP), TAGMEM_SUCCESS) << tagmem_last_error();
   ASSERT_EQ(tagmem_wait_released(0), TAGMEM_SUCCESS) << tagmem_last_error();
   auto a = std::make_unique<peer_process>(
-      "early_giver_checked", "a",
+      "early_giver", "a",
       std::vector<std::string>{"TAGMEM_EMU_KILL_AT=cuMemExportToShareableHandle:2"});
-  auto b = std::make_unique<peer_process>("early_giver_checked", "b");
+  auto b = std::make_unique<peer_process>("early_giver", "b");
   a->channel().send(std::to_string(seed_ + 1));
   b->channel().send(std::to_string(seed_ + 2));
   ASSERT_EQ(a->channel().receive(), "resident");
   ASSERT_EQ(b->channel().receive(), "resident");
   reliability::emu().set_device_bytes(0, reliability::emu().device_used_bytes(0));  // full
-  tagmem_status reload = TAGMEM_ERROR_INTERNAL;
-  std::string message;
-  std::thread reloader([&] {
-    reload = tagmem_reload(&w_tag, 1, 0);
-    message = tagmem_last_error();
-  });
+  reload_thread reloader("w");
   EXPECT_TRUE(eventually([] { return handoff_stats().listening == 1; }));
   a->channel().send("offload");  // it may die before or after saying "returned"
   EXPECT_EQ(a->wait(), 128 + SIGKILL);
   a.reset();
   b->channel().send("offload");
   EXPECT_EQ(b->channel().receive(), "returned");
-  reloader.join();
-  ASSERT_EQ(reload, TAGMEM_SUCCESS) << message;
+  ASSERT_EQ(reloader.finish(), "");
   EXPECT_EQ(corrupted(w), 0u);
   const tagmem_handoff_stats s = handoff_stats();
   EXPECT_EQ(s.received_bytes, 3 * kPiece);

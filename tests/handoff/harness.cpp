@@ -107,6 +107,23 @@ std::uint64_t emu_calls(const char* entry) {
   return e.available ? e.call_count(entry) : 0;
 }
 
+reload_thread::reload_thread(std::string tag) : tag_(std::move(tag)) {
+  thread_ = std::thread([this] {
+    const char* name = tag_.c_str();
+    const tagmem_status s = tagmem_reload(&name, 1, 0);
+    if (s != TAGMEM_SUCCESS) outcome_ = "status " + std::to_string(s) + ": " + tagmem_last_error();
+  });
+}
+
+reload_thread::~reload_thread() {
+  if (thread_.joinable()) thread_.join();
+}
+
+std::string reload_thread::finish() {
+  if (thread_.joinable()) thread_.join();
+  return outcome_;
+}
+
 std::string emu_leaks() {
   const auto& e = reliability::emu();
   std::string out;

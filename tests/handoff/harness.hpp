@@ -54,6 +54,21 @@ std::uint64_t emu_calls(const char* entry);
 // on the real driver).
 std::string emu_leaks();
 
+// A reload of `tag` on device 0 on a thread of its own (one that waits for memory given back).
+class reload_thread {
+ public:
+  explicit reload_thread(std::string tag);
+  ~reload_thread();
+  reload_thread(const reload_thread&) = delete;
+  reload_thread& operator=(const reload_thread&) = delete;
+  // Waits for the reload: "" when it succeeded, else its status and tagmem's message.
+  std::string finish();
+
+ private:
+  std::string tag_, outcome_;
+  std::thread thread_;
+};
+
 // Polls `done` every 5 ms for at most 10 s (a bound, not a timing assertion).
 template <class Done>
 bool eventually(Done done) {

@@ -80,18 +80,12 @@ TEST_F(HandoffWait, ReloadWaitsForMemoryGivenBack) {
   fill_device();
   EXPECT_EQ(handoff_stats().listening, 0);
 
-  tagmem_status reload = TAGMEM_ERROR_INTERNAL;
-  std::string message;
-  std::thread reloader([&] {
-    reload = tagmem_reload(&w_tag, 1, 0);
-    message = tagmem_last_error();
-  });
+  reload_thread reloader("w");
   // Once it waits (it listens while reloading), the giver offloads.
   EXPECT_TRUE(eventually([] { return handoff_stats().listening == 1; }));
   giver->channel().send("offload");
   EXPECT_EQ(giver->channel().receive(), "given " + std::to_string(2 * kPiece));
-  reloader.join();
-  ASSERT_EQ(reload, TAGMEM_SUCCESS) << message;
+  ASSERT_EQ(reloader.finish(), "");
   EXPECT_EQ(corrupted(w), 0u);
   const tagmem_handoff_stats s = handoff_stats();
   EXPECT_EQ(s.received_bytes, 2 * kPiece);
