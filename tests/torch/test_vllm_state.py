@@ -55,6 +55,23 @@ def test_discard_drops_a_resident_tag(allocator, io, rng):
     assert tagmem.state("kv_cache") == "offloaded_discard"
 
 
+def test_sleep_leaves_the_copies_running_when_offloads_return_early(
+    allocator, io, rng, monkeypatch
+):
+    # TAGMEM_OFFLOAD_RETURN=queued (read when tagmem starts, here at the first allocation): sleep
+    # returns with the offload's copies queued instead of waiting in wait_released; wake_up waits
+    # for the offload's end and gets every byte back.
+    monkeypatch.setenv("TAGMEM_OFFLOAD_RETURN", "queued")
+    waited = []
+    real = vllm._api.wait_released
+    monkeypatch.setattr(vllm._api, "wait_released", lambda d=None: (waited.append(d), real(d)))
+    p, data = filled(allocator, io, rng, "weights")
+    allocator.sleep(offload_tags=("weights",))
+    assert waited == []
+    allocator.wake_up(["weights"])
+    assert io.read(p, len(data)) == data
+
+
 @pytest.mark.parametrize("release", ["1", "0"])
 def test_the_sleep_backend_gives_pinned_host_memory_back_when_vllm_asks(
     allocator, io, rng, monkeypatch, release
