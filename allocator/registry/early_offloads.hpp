@@ -11,7 +11,9 @@
 // What the process sees meanwhile:
 //  - the tags stay locked until their offload ends: any call that touches one of them (reload,
 //    allocate or free in it, its statistics, another offload) waits for the end; tags it does
-//    not name, and other tagmem calls, do not wait;
+//    not name, and other tagmem calls, do not wait, except that with handoff an offload, reload
+//    or swap of other tags of the device waits for it before returning (it counts the device's
+//    offloaded bytes, Note [handoff]);
 //  - a failure before the copies are queued is the call's own, with every tag as it was; one
 //    after (a failed copy, which leaves the tags resident with their bytes, as Note [unmap as
 //    copied] says) is logged and returned by the next tagmem_wait_released on that device;
