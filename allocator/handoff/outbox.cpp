@@ -106,8 +106,11 @@ void outbox::close_all() noexcept {
   }
   for (session& s : all) {
     try {
+      collect(s, true);
       s.ch->send(kHoffDone, encode_done({s.given}), {}, id_.timeout_ms, "saying done");
-    } catch (...) {  // it is gone already: nothing is in flight
+    } catch (const std::exception& e) {  // gone: what was in flight goes to the driver
+      note(std::string("session-failed reason=\"") + e.what() + "\"");
+      drop(s);
     }
   }
 }
@@ -115,59 +118,90 @@ void outbox::close_all() noexcept {
 bool outbox::do_wants(std::size_t bytes) const noexcept {
   std::lock_guard lock(mutex_);
   return std::any_of(sessions_.begin(), sessions_.end(),
-                     [&](const session& s) { return s.want >= bytes && s.largest >= bytes; });
+                     [&](const session& s) { return s.fits(bytes); });
 }
 
-outbox::outcome outbox::give_one(session& s, physical_part p) {
+void outbox::to_driver(physical_part p) noexcept {
+  try {
+    dev_.releases().push(p.handle, p.size);
+  } catch (...) {  // no room for the record: released here
+    driver::api().cuMemRelease(p.handle);
+  }
+}
+
+void outbox::drop(session& s) noexcept {
+  for (const in_flight& f : s.pending) to_driver(f.part);
+  s.pending.clear();
+  s.pending_bytes = 0;
+}
+
+bool outbox::send_one(session& s, physical_part p) {
   const auto& api = driver::api();
   int fd = -1;
   // A handle created before handoff was on, or imported where the driver does not export imports
   // again, fails here and goes to the driver as without handoff.
   if (api.cuMemExportToShareableHandle(&fd, p.handle, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
                                        0) != CUDA_SUCCESS) {
-    return outcome::kept;
+    return false;
   }
   peers::owned_fds exported;
   exported.push_back(fd);
+  s.pending.reserve(s.pending.size() + 1);  // before the send: nothing can fail after it
   const std::uint64_t seq = ++s.seq;
   s.ch->send(kHoffGive, encode_give({seq, {p.size}}), exported.view(), id_.timeout_ms,
              "handing over device memory");
   exported.reset();  // the kernel holds the description while it is in flight
-  peers::message m = s.ch->receive(id_.timeout_ms, "waiting for the taker to take device memory");
-  if (m.type != kHoffTaken || !m.fds.empty()) {
-    fail(TAGMEM_ERROR_PEER, s.ch->peer_name() + " answered a hand-over with something else");
-  }
-  const taken t =
-      peers::decode_from(s.ch->peer_name(), "taking", [&] { return decode_taken(m.payload); });
-  if (t.seq != seq) fail(TAGMEM_ERROR_PEER, s.ch->peer_name() + " acknowledged another hand-over");
-  s.want = t.want_bytes;
-  if (t.accepted == 0) return outcome::kept;
-  // The taker holds its own reference now: this one goes, and no memory reaches the driver.
-  if (api.cuMemRelease(p.handle) != CUDA_SUCCESS) {
-    try {
-      dev_.releases().push(p.handle, 0);  // tried again later; 0 bytes: they stay in use
-    } catch (...) {
+  s.pending.push_back({seq, p});
+  s.pending_bytes += p.size;
+  return true;
+}
+
+void outbox::collect(session& s, bool all) {
+  const auto& api = driver::api();
+  while (!s.pending.empty() && (all || s.ch->readable_now())) {
+    peers::message m = s.ch->receive(id_.timeout_ms, "waiting for the taker to take device memory");
+    if (m.type != kHoffTaken || !m.fds.empty()) {
+      fail(TAGMEM_ERROR_PEER, s.ch->peer_name() + " answered a hand-over with something else");
     }
+    const taken t =
+        peers::decode_from(s.ch->peer_name(), "taking", [&] { return decode_taken(m.payload); });
+    if (t.seq != s.pending.front().seq) {
+      fail(TAGMEM_ERROR_PEER, s.ch->peer_name() + " acknowledged another hand-over");
+    }
+    const physical_part p = s.pending.front().part;
+    s.pending.erase(s.pending.begin());
+    s.pending_bytes -= p.size;
+    s.want = t.want_bytes;
+    if (t.accepted == 0) {
+      to_driver(p);
+      continue;
+    }
+    // The taker holds its own reference now: this one goes, and no memory reaches the driver.
+    if (api.cuMemRelease(p.handle) != CUDA_SUCCESS) {
+      try {
+        dev_.releases().push(p.handle, 0);  // tried again later; 0 bytes: they stay in use
+      } catch (...) {
+      }
+    }
+    s.given += p.size;
+    stats_.given_bytes += p.size;
+    ++stats_.given_handles;
   }
-  s.given += p.size;
-  stats_.given_bytes += p.size;
-  ++stats_.given_handles;
-  return outcome::taken;
 }
 
 bool outbox::do_offer(physical_part p) noexcept {
   std::lock_guard lock(mutex_);
   for (auto it = sessions_.begin(); it != sessions_.end();) {
-    if (it->want < p.size || it->largest < p.size) {
+    try {
+      collect(*it, false);  // fresher figures, and handles taken drop their last reference
+      if (it->fits(p.size)) return send_one(*it, p);
       ++it;
       continue;
-    }
-    try {
-      return give_one(*it, p) == outcome::taken;
     } catch (const std::exception& e) {
       note(std::string("session-failed reason=\"") + e.what() + "\"");
     }
-    it = sessions_.erase(it);  // closed; the handle is still this process's
+    drop(*it);
+    it = sessions_.erase(it);  // closed; the handle offered is still this process's
   }
   return false;
 }

@@ -4,13 +4,16 @@
 // open() lists the takers of the job and GPU, connects, greets each (HELLO → WELCOME or REFUSE,
 // bounded by greeting_timeout_ms) and checks who answered (trust.hpp) before any descriptor
 // moves. offer() then runs on the offloading thread for each unmapped handle: the first session,
-// reloading takers first and then the earliest announced, that wants that many bytes gets it
-// (export as a POSIX fd, GIVE, wait for TAKEN); the giver keeps the handle until TAKEN says it
-// was taken, then drops its own reference with a plain cuMemRelease: the memory lives on in the
-// taker, nothing goes back to the driver, so Note [release aftermath] does not count it. A
-// handle that cannot be exported, is not taken, or meets a session that fails (the taker exited,
-// refused, or stayed silent past TAGMEM_HANDOFF_TIMEOUT_MS) stays the caller's and goes to the
-// driver as without handoff. close_all() says DONE and closes.
+// reloading takers first and then the earliest announced, that wants that many bytes (less what
+// is in flight to it) gets it: exported as a POSIX fd and sent (GIVE), without waiting for the
+// answer, so that the next handle goes as soon as it is unmapped. The giver keeps each handle
+// until its TAKEN arrives (read as they come, and all of them by close_all, each within
+// TAGMEM_HANDOFF_TIMEOUT_MS); then it drops its own reference with a plain cuMemRelease: the
+// memory lives on in the taker, nothing goes back to the driver, so Note [release aftermath]
+// does not count it. A handle that cannot be exported stays the caller's and goes to the driver
+// as without handoff; one in flight that is not taken, or whose session fails (the taker exited,
+// refused, or stayed silent), goes to the device's release queue. close_all() collects the
+// answers, says DONE and closes.
 #pragma once
 
 #include <memory>
@@ -44,20 +47,36 @@ class outbox final : public physical_sink {
   std::size_t sessions() const noexcept;
 
  private:
+  struct in_flight {
+    std::uint64_t seq = 0;
+    physical_part part;
+  };
   struct session {
     std::unique_ptr<peers::unix_channel> ch;
-    std::uint64_t want = 0;
+    std::uint64_t want = 0;  // as of the last TAKEN, in flight included
     std::uint64_t largest = 0;
     bool reloading = false;
     std::uint64_t announced_ns = 0;
     std::uint64_t seq = 0;
     std::uint64_t given = 0;
+    std::vector<in_flight> pending;  // sent, not answered yet, in order
+    std::uint64_t pending_bytes = 0;
+    bool fits(std::size_t bytes) const noexcept {
+      return want >= pending_bytes + bytes && largest >= bytes;
+    }
   };
-  enum class outcome { taken, kept };  // a failed session throws
   bool do_wants(std::size_t bytes) const noexcept override;
   bool do_offer(physical_part p) noexcept override;
   void greet(const receiver_address& a) noexcept;
-  outcome give_one(session& s, physical_part p);
+  // Exports and sends `p`; false when it cannot be exported (the caller keeps it). Throws when
+  // the session fails (the handle is still the caller's).
+  bool send_one(session& s, physical_part p);
+  // Reads the answers that have arrived (all of them with `all`, waiting for each). Throws when
+  // the session fails.
+  void collect(session& s, bool all);
+  // A failed session: what was in flight goes to the driver.
+  void drop(session& s) noexcept;
+  void to_driver(physical_part p) noexcept;
 
   device& dev_;
   const identity& id_;

@@ -80,6 +80,11 @@ unix_channel::~unix_channel() {
   if (fd_ >= 0) ::close(fd_);
 }
 
+bool unix_channel::readable_now() const noexcept {
+  pollfd p{fd_, POLLIN, 0};
+  return ::poll(&p, 1, 0) > 0;  // POLLIN, or POLLHUP/POLLERR: receive says which
+}
+
 peer_credentials unix_channel::credentials() const {
   ucred cred{};
   socklen_t len = sizeof cred;

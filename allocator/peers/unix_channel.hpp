@@ -79,6 +79,8 @@ class unix_channel {
   void send(std::uint32_t type, const std::string& payload, const std::vector<int>& fds,
             int timeout_ms, const char* what);
   message receive(int timeout_ms, const char* what);
+  // Whether receive would find something (or the peer's end) without waiting.
+  bool readable_now() const noexcept;
 
   peer_credentials credentials() const;  // SO_PEERCRED; throws PEER
   void set_peer_name(std::string name) { peer_name_ = std::move(name); }
