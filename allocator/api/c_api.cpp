@@ -206,16 +206,22 @@ tagmem_status tagmem_malloc_tagged(void** ptr, size_t size, const char* tag, int
 }
 
 tagmem_status tagmem_free(void* ptr, tagmem_stream stream) {
-  return guarded([&](registry&) {
+  return guarded([&](registry& r) {
     auto address = reinterpret_cast<CUdeviceptr>(ptr);
     tagmem::tag* t = global_address_index().find(address);
     TAGMEM_EXPECTS(t, TAGMEM_ERROR_UNKNOWN_POINTER,
                    "tagmem_free: " + std::to_string(address) + " was not allocated by tagmem");
-    std::lock_guard lock(t->mutex());
-    TAGMEM_EXPECTS(t->pool().free(address, stream), TAGMEM_ERROR_UNKNOWN_POINTER,
-                   "tagmem_free: " + std::to_string(address) + " in tag '" + t->name() +
-                       "' is not a live allocation (already freed, or not its start)");
-    t->counters().free_count++;
+    std::size_t size = 0;
+    {
+      std::lock_guard lock(t->mutex());
+      const block* b = t->pool().find_containing(address);
+      size = b ? b->size : 0;
+      TAGMEM_EXPECTS(t->pool().free(address, stream), TAGMEM_ERROR_UNKNOWN_POINTER,
+                     "tagmem_free: " + std::to_string(address) + " in tag '" + t->name() +
+                         "' is not a live allocation (already freed, or not its start)");
+      t->counters().free_count++;
+    }
+    r.ipc_forget(address, size);  // Note [ipc] in handoff/ipc_server.hpp
   });
 }
 
@@ -437,6 +443,54 @@ tagmem_status tagmem_host_view(const void* ptr, int flags, void** host, size_t* 
         backup_span(*t, address, b->ptr + b->requested, (flags & TAGMEM_HOST_VIEW_WRITABLE) != 0);
     *host = span.host;
     *bytes = span.bytes;
+  });
+}
+
+tagmem_status tagmem_ipc_export(const void* ptr, size_t bytes, tagmem_ipc_handle* handle) {
+  return guarded([&](registry& r) {
+    expect_non_null(ptr, "ptr");
+    expect_non_null(handle, "handle");
+    const auto bytes_out =
+        handoff::encode_ipc_handle(r.ipc_export(reinterpret_cast<std::uintptr_t>(ptr), bytes));
+    std::memcpy(handle->bytes, bytes_out.data(), sizeof handle->bytes);
+  });
+}
+
+tagmem_status tagmem_ipc_unexport(const tagmem_ipc_handle* handle) {
+  return guarded([&](registry& r) {
+    expect_non_null(handle, "handle");
+    r.ipc_unexport(handoff::decode_ipc_handle(handle->bytes));
+  });
+}
+
+tagmem_status tagmem_ipc_open(const tagmem_ipc_handle* handle, void** ptr, size_t* bytes,
+                              int* device) {
+  return guarded([&](registry& r) {
+    expect_non_null(handle, "handle");
+    expect_non_null(ptr, "ptr");
+    expect_non_null(bytes, "bytes");
+    const handoff::ipc_import& i = r.ipc_open(handoff::decode_ipc_handle(handle->bytes));
+    *ptr = reinterpret_cast<void*>(i.ptr());
+    *bytes = i.bytes();
+    if (device) *device = i.ordinal();
+  });
+}
+
+tagmem_status tagmem_ipc_close(void* ptr) {
+  return guarded([&](registry& r) { r.ipc_close(reinterpret_cast<std::uintptr_t>(ptr)); });
+}
+
+tagmem_status tagmem_ipc_stats_get_sized(tagmem_ipc_stats* out, size_t out_size) {
+  return guarded([&](registry& r) {
+    expect_non_null(out, "out");
+    const handoff::ipc_server_counters c = r.ipc_counters();
+    tagmem_ipc_stats s{};
+    s.exports = c.exports;
+    s.importers = c.importers;
+    s.opened_by_peers = c.opened;
+    s.refused_peers = c.refused;
+    s.open_here = r.ipc_open_here();
+    write_sized(s, out, out_size, sizeof(tagmem_ipc_stats), "tagmem_ipc_stats");
   });
 }
 

@@ -27,7 +27,8 @@ device::device(int ordinal, const config& cfg) : ordinal_(ordinal), kernel_use_(
     prop_.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
     prop_.location.id = ordinal;
     TAGMEM_CU(cuDeviceGetUuid, &uuid_, dev_);
-    if (cfg.handoff) {
+    // Exportable memory serves handoff and IPC (Note [ipc] in handoff/ipc_server.hpp).
+    if (cfg.handoff || cfg.ipc) {
       int fds = 0;
       TAGMEM_CU(cuDeviceGetAttribute, &fds,
                 CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED, dev_);
@@ -36,7 +37,8 @@ device::device(int ordinal, const config& cfg) : ordinal_(ordinal), kernel_use_(
         prop_.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
       } else {
         if (logging(log_level::info)) {
-          log_line("handoff off device=" + std::to_string(ordinal) + " reason=no-posix-fd-handles");
+          log_line("exportable-memory off device=" + std::to_string(ordinal) +
+                   " reason=no-posix-fd-handles");
         }
       }
     }

@@ -38,8 +38,9 @@ class device {
   // The GPU's UUID (a MIG instance has its own): what processes compare to know they share a GPU,
   // since ordinals depend on each process's CUDA_VISIBLE_DEVICES.
   const CUuuid& uuid() const noexcept { return uuid_; }
-  // With TAGMEM_HANDOFF=on and a device that exports POSIX-fd handles: every cuMemCreate makes
-  // exportable handles (Note [handoff] in handoff/service.hpp).
+  // With TAGMEM_HANDOFF=on or TAGMEM_IPC=on and a device that exports POSIX-fd handles: every
+  // cuMemCreate makes exportable handles (Note [handoff] in handoff/service.hpp, Note [ipc] in
+  // handoff/ipc_server.hpp).
   bool exports_handles() const noexcept { return exports_handles_; }
 
   // Copy streams, `copy_streams` per direction (non-blocking, so the legacy default stream does

@@ -7,8 +7,6 @@
 #include "peers/wire.hpp"
 
 namespace tagmem::handoff {
-namespace {
-
 using peers::wire_reader;
 using peers::wire_writer;
 
@@ -32,8 +30,6 @@ claim get_claim(wire_reader& r) {
   if (c.who.pid <= 0) fail(TAGMEM_ERROR_PEER, "a peer sent an invalid pid");
   return c;
 }
-
-}  // namespace
 
 std::string uuid_hex(const gpu_uuid& u) {
   std::string s;

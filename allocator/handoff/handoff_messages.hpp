@@ -15,6 +15,11 @@
 #include "peers/process_identity.hpp"
 #include "tagmem/tagmem.h"
 
+namespace tagmem::peers {
+class wire_writer;
+class wire_reader;
+}  // namespace tagmem::peers
+
 namespace tagmem::handoff {
 
 inline constexpr std::uint32_t kHandoffProtocolVersion = 1;
@@ -42,6 +47,10 @@ struct claim {
   std::uint64_t granularity = 0;
   peers::process_identity who;
 };
+
+// A claim on the wire (also inside the IPC messages, ipc_messages.hpp).
+void put_claim(peers::wire_writer& w, const claim& c);
+claim get_claim(peers::wire_reader& r);
 
 struct hello {
   claim from;

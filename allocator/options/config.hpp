@@ -41,6 +41,8 @@ struct config {
   int handoff_hold_ms = 0;
   int handoff_timeout_ms = 0;
   bool offload_return_queued = false;  // TAGMEM_OFFLOAD_RETURN=queued (Note [early return])
+  // Device memory created exportable, for IPC (Note [ipc] in handoff/ipc_server.hpp).
+  bool ipc = true;
 };
 
 // Builds the configuration; throws INVALID_ARGUMENT on a bad value.

@@ -51,9 +51,11 @@ registry::registry(const config& cfg) : cfg_(cfg) {
 }
 
 registry::~registry() {
-  early_.reset();   // waits for the offloads that returned early: they use everything below
-  pinner_.reset();  // it walks the tags and pins into the store
-  store_.reset();   // host memory first: it is registered with device 0's context
+  early_.reset();       // waits for the offloads that returned early: they use everything below
+  ipc_server_.reset();  // it reads the tags
+  imports_.clear();     // unmapped here; the exporters see their imports end
+  pinner_.reset();      // it walks the tags and pins into the store
+  store_.reset();       // host memory first: it is registered with device 0's context
   for (auto& s : slots_) {
     for (auto& [name, t] : s->tags) delete t;
     s->tags.clear();
@@ -288,6 +290,7 @@ void registry::offload(const char* const* names, std::size_t count, int ordinal,
       TAGMEM_EXPECTS(!t->offloaded() || t->partial(), TAGMEM_ERROR_TAG_OFFLOADED,
                      std::string("tag '") + t->name() + "' is already offloaded");
     }
+    refuse_if_imported(list, "offloaded");
     offload_tags(d, list.data(), list.size(), mode, hs, cfg_, queued);
   };
   if (early_) {
@@ -336,6 +339,7 @@ void registry::swap(const char* const* out_names, std::size_t out_count,
     TAGMEM_EXPECTS(t->offloaded(), TAGMEM_ERROR_TAG_RESIDENT,
                    std::string("tag '") + t->name() + "' is resident; nothing to reload");
   }
+  refuse_if_imported(outs, "swapped out");
   // One pipeline: the out-tags' copies and unmaps overlap the in-tags' maps and copies.
   move_tags(dev(ordinal), outs.data(), outs.size(), mode, ins.data(), ins.size(), hs, cfg_);
 }

@@ -13,11 +13,14 @@
 #include <shared_mutex>
 
 #include "device/device.hpp"
+#include "handoff/ipc_import.hpp"
+#include "handoff/ipc_server.hpp"
 #include "handoff/service.hpp"
 #include "host/background_pinning.hpp"
 #include "host/host_store.hpp"
 #include "options/config.hpp"
 #include "registry/early_offloads.hpp"
+#include "registry/ipc_source.hpp"
 #include "tags/tag.hpp"
 
 namespace tagmem {
@@ -65,6 +68,20 @@ class registry {
   // or a taker's channel. Throws INVALID_ARGUMENT without handoff.
   void attach_handoff_for_test(int ordinal, int fd, bool giver);
 
+  // Tagged memory mapped by other processes (Note [ipc] in handoff/ipc_server.hpp;
+  // registry_ipc.cpp). Export: the range must lie in one live allocation of a resident tag on a
+  // device whose memory is exportable; starts this process's IPC server on first use (PEER when
+  // it cannot listen, INVALID_ARGUMENT without a job identity or private directory).
+  handoff::ipc_handle ipc_export(std::uint64_t ptr, std::uint64_t bytes);
+  void ipc_unexport(const handoff::ipc_handle& h);  // UNKNOWN_POINTER when not exported
+  // Maps an export of another process; returns the import, owned here until ipc_close.
+  const handoff::ipc_import& ipc_open(const handoff::ipc_handle& h);
+  void ipc_close(std::uint64_t ptr);  // UNKNOWN_POINTER when no import starts there
+  // Forgets the exports inside freed memory.
+  void ipc_forget(std::uint64_t base, std::uint64_t size) noexcept;
+  handoff::ipc_server_counters ipc_counters();
+  std::size_t ipc_open_here();
+
  private:
   struct device_slot {
     std::once_flag created;  // dev is set once, without a lock on every later use
@@ -91,6 +108,12 @@ class registry {
   std::unique_ptr<host_store> store_;
   std::unique_ptr<background_pinning> pinner_;  // null with TAGMEM_PIN_AHEAD=off
   std::unique_ptr<early_offloads> early_;       // with TAGMEM_OFFLOAD_RETURN=queued
+  // Throws PEER, naming the process, when a live import maps memory of one of `tags`.
+  void refuse_if_imported(const meta_vector<tag*>& tags, const char* operation);
+  std::mutex ipc_mutex_;  // the fields below
+  tag_ipc_source ipc_source_;
+  std::unique_ptr<handoff::ipc_server> ipc_server_;  // created by the first export
+  std::vector<std::unique_ptr<handoff::ipc_import>> imports_;
 };
 
 // Checks a tag name (non-empty, at most TAGMEM_MAX_TAG_NAME bytes, printable, no spaces).

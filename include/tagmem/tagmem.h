@@ -453,6 +453,58 @@ TAGMEM_API tagmem_status tagmem_handoff_stats_get_sized(int device, tagmem_hando
 #define tagmem_handoff_stats_get(device, out) \
   tagmem_handoff_stats_get_sized((device), (out), sizeof(*(out)))
 
+/* ---- tagged memory that other processes map (CUDA IPC) ------------------------------------- */
+/* A process exports a range of a tagged allocation as a 64-byte handle that any channel may carry;
+ * another process of the same user and job (TAGMEM_JOB) on the same machine opens it and maps
+ * the same device memory at an address of its own, readable and writable, with nothing of its
+ * own in tagmem. Descriptors pass over the job's private socket directory (TAGMEM_PEER_DIR) only
+ * after the exporter has identified the opening process (SO_PEERCRED, start time, job) and the
+ * handle's secret matched. A tag whose memory another process has open cannot be offloaded or
+ * swapped out (PEER naming that process) until it closes it; as with cudaIpcGetMemHandle, the
+ * exporter keeps the allocation alive while others use it (docs/ipc.md). */
+typedef struct tagmem_ipc_handle {
+  unsigned char bytes[64];
+} tagmem_ipc_handle;
+
+/* Exports [ptr, ptr + bytes), which must lie inside one live tagmem allocation of a resident
+ * tag. The same range exported again gives the same handle. The first export starts a thread
+ * that answers the job's processes. Errors: INVALID_ARGUMENT (NULL, 0 bytes, a range past its
+ * allocation, TAGMEM_IPC=off, no job identity or private directory), UNKNOWN_POINTER (not
+ * tagmem's, or freed), PEER (cannot listen in the private directory). Thread-safe. */
+TAGMEM_API tagmem_status tagmem_ipc_export(const void* ptr, size_t bytes,
+                                           tagmem_ipc_handle* handle);
+/* Forgets an export of this process: later opens are refused; ranges opened stay mapped until
+ * closed. Freeing the allocation forgets its exports too. Errors: INVALID_ARGUMENT (NULL, not
+ * this process's handle), UNKNOWN_POINTER (no such export). Thread-safe. */
+TAGMEM_API tagmem_status tagmem_ipc_unexport(const tagmem_ipc_handle* handle);
+/* Maps another process's export on the same GPU: *ptr receives the address of the range here,
+ * *bytes its size and *device (optional, may be NULL) the device ordinal in this process. Each
+ * open maps anew; tagmem_ipc_close(*ptr) undoes it. The exporter exiting later does not unmap it.
+ * Errors: INVALID_ARGUMENT (NULL, not a tagmem handle, this process's own handle, the GPU not
+ * visible here, no job identity), PEER (the exporter refused — another user or job, a wrong
+ * secret, an export forgotten — or is gone; the message says which), TAG_OFFLOADED (the tag is
+ * offloaded there now), TIMEOUT (no answer within TAGMEM_HANDOFF_TIMEOUT_MS), DRIVER.
+ * Thread-safe. */
+TAGMEM_API tagmem_status tagmem_ipc_open(const tagmem_ipc_handle* handle, void** ptr, size_t* bytes,
+                                         int* device);
+/* Unmaps a range tagmem_ipc_open returned and tells its exporter. Work queued on it must have
+ * finished. Errors: UNKNOWN_POINTER (not an address tagmem_ipc_open returned, or closed).
+ * Thread-safe. */
+TAGMEM_API tagmem_status tagmem_ipc_close(void* ptr);
+
+typedef struct tagmem_ipc_stats {
+  uint64_t exports;         /* now: exports of this process */
+  uint64_t importers;       /* now: opens of this process's exports by other processes */
+  uint64_t opened_by_peers; /* ever: opens of this process's exports */
+  uint64_t refused_peers;   /* ever: opens refused (user, job, identity, secret, gone export) */
+  uint64_t open_here;       /* now: other processes' exports this process has open */
+} tagmem_ipc_stats;
+/* This process's IPC figures, written to the `out_size` bytes at `out`. Call it through
+ * tagmem_ipc_stats_get(out), which passes sizeof(*out). Errors: INVALID_ARGUMENT (NULL out, not
+ * a tagmem_ipc_stats's size). Thread-safe. */
+TAGMEM_API tagmem_status tagmem_ipc_stats_get_sized(tagmem_ipc_stats* out, size_t out_size);
+#define tagmem_ipc_stats_get(out) tagmem_ipc_stats_get_sized((out), sizeof(*(out)))
+
 #ifdef __cplusplus
 }
 #endif

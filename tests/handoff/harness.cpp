@@ -51,8 +51,6 @@ void check(tagmem_status s, const std::string& what) {
   }
 }
 
-namespace {
-
 void primary_context() {
   CUdevice dev = 0;
   CUcontext c = nullptr;
@@ -61,8 +59,6 @@ void primary_context() {
   driver::check(driver::api().cuCtxSetCurrent(c), "cuCtxSetCurrent");
   driver::api().cuDevicePrimaryCtxRelease(dev);  // tagmem holds it; current is enough
 }
-
-}  // namespace
 
 tag_data fill_tag(const std::string& tag, int count, std::size_t size, std::mt19937_64& rng) {
   tag_data d{tag, {}, {}};

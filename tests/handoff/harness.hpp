@@ -37,6 +37,8 @@ struct tag_data {
   std::vector<void*> ptrs;
   std::vector<std::vector<unsigned char>> bytes;
 };
+// Makes device 0's primary context current on this thread (tagmem, or an import, retains it).
+void primary_context();
 // `count` allocations of `size` bytes in `tag` on device 0, each filled with random bytes.
 // Throws std::runtime_error with tagmem's message on failure.
 tag_data fill_tag(const std::string& tag, int count, std::size_t size, std::mt19937_64& rng);

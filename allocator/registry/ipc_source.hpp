@@ -1,0 +1,26 @@
+// ipc_source.hpp — the physical memory behind an exported tagged range (Note [ipc] in
+// handoff/ipc_server.hpp): found through the address index, read under the owning tag's lock.
+#pragma once
+
+#include <cstdint>
+
+#include "handoff/ipc_server.hpp"
+
+namespace tagmem {
+
+class tag;
+
+// The tag whose live allocation holds all of [ptr, ptr + bytes); throws UNKNOWN_POINTER
+// (INVALID_ARGUMENT for bytes == 0 or a range that runs past the allocation).
+tag& tag_of_range(std::uint64_t ptr, std::uint64_t bytes);
+
+class tag_ipc_source final : public handoff::ipc_source {
+ public:
+  // Exports the parts overlapping the range (DRIVER when a handle cannot be exported: memory
+  // created with TAGMEM_IPC=off, or received from another process by handoff); TAG_OFFLOADED
+  // while the tag is offloaded.
+  handoff::ipc_mapped export_parts(std::uint64_t ptr, std::uint64_t bytes, peers::owned_fds& fds,
+                                   const std::function<void()>& live) override;
+};
+
+}  // namespace tagmem

@@ -1,0 +1,127 @@
+// registry_ipc.cpp — the registry's part of tagged-memory IPC (Note [ipc] in
+// handoff/ipc_server.hpp): exports, imports, and offloads refused while imported.
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <mutex>
+
+#include "base/error.hpp"
+#include "device/address_index.hpp"
+#include "peers/job_identity.hpp"
+#include "peers/private_dir.hpp"
+#include "registry/registry.hpp"
+
+namespace tagmem {
+namespace {
+
+struct meeting {
+  std::string job, dir;
+};
+
+meeting ipc_meeting() {
+  try {
+    return {peers::job_identity("CUDA IPC of tagged memory"), peers::private_dir()};
+  } catch (const error& e) {
+    fail(TAGMEM_ERROR_INVALID_ARGUMENT, std::string("tagged-memory IPC: ") + e.what());
+  }
+}
+
+}  // namespace
+
+handoff::ipc_handle registry::ipc_export(std::uint64_t ptr, std::uint64_t bytes) {
+  tag& t = tag_of_range(ptr, bytes);
+  handoff::gpu_uuid uuid{};
+  std::uint64_t granularity = 0;
+  {
+    std::lock_guard lock(t.mutex());
+    const block* b = t.pool().find_containing(ptr);
+    TAGMEM_EXPECTS(b, TAGMEM_ERROR_UNKNOWN_POINTER,
+                   "tagmem_ipc_export: address " + std::to_string(ptr) + " in tag '" + t.name() +
+                       "' is not inside a live allocation");
+    TAGMEM_EXPECTS(bytes <= b->size - (ptr - b->ptr), TAGMEM_ERROR_INVALID_ARGUMENT,
+                   "tagmem_ipc_export: the range of " + std::to_string(bytes) +
+                       " bytes runs past its allocation in tag '" + t.name() + "'");
+    TAGMEM_EXPECTS(t.dev().exports_handles(), TAGMEM_ERROR_INVALID_ARGUMENT,
+                   "tagmem_ipc_export: device " + std::to_string(t.dev().ordinal()) +
+                       " makes no exportable memory (TAGMEM_IPC=off, or no POSIX-fd handles)");
+    std::memcpy(uuid.data(), t.dev().uuid().bytes, uuid.size());
+    granularity = t.dev().granularity();
+  }
+  std::lock_guard lock(ipc_mutex_);
+  if (!ipc_server_) {
+    const meeting m = ipc_meeting();
+    ipc_server_ =
+        std::make_unique<handoff::ipc_server>(ipc_source_, m.job, m.dir, cfg_.handoff_timeout_ms);
+  }
+  return ipc_server_->add(ptr, bytes, uuid, granularity);
+}
+
+void registry::ipc_unexport(const handoff::ipc_handle& h) {
+  std::lock_guard lock(ipc_mutex_);
+  TAGMEM_EXPECTS(h.owner.same_as(peers::identity_of(::getpid())), TAGMEM_ERROR_INVALID_ARGUMENT,
+                 "tagmem_ipc_unexport: the handle was exported by " + h.owner.describe() +
+                     ", not by this process");
+  TAGMEM_EXPECTS(ipc_server_ && ipc_server_->remove(h.id, h.secret), TAGMEM_ERROR_UNKNOWN_POINTER,
+                 "tagmem_ipc_unexport: no such export (unexported already, or its memory freed)");
+}
+
+const handoff::ipc_import& registry::ipc_open(const handoff::ipc_handle& h) {
+  TAGMEM_EXPECTS(h.owner.pid != ::getpid(), TAGMEM_ERROR_INVALID_ARGUMENT,
+                 "tagmem_ipc_open: the handle was exported by this process; use the memory as it "
+                 "is");
+  const meeting m = ipc_meeting();
+  // Not under ipc_mutex_: the wait for the exporter is bounded but may be long.
+  auto import = std::make_unique<handoff::ipc_import>(h, m.job, m.dir, cfg_.handoff_timeout_ms);
+  std::lock_guard lock(ipc_mutex_);
+  imports_.push_back(std::move(import));
+  return *imports_.back();
+}
+
+void registry::ipc_close(std::uint64_t ptr) {
+  std::unique_ptr<handoff::ipc_import> gone;
+  {
+    std::lock_guard lock(ipc_mutex_);
+    auto it = std::find_if(imports_.begin(), imports_.end(),
+                           [&](const auto& i) { return i->ptr() == ptr; });
+    TAGMEM_EXPECTS(it != imports_.end(), TAGMEM_ERROR_UNKNOWN_POINTER,
+                   "tagmem_ipc_close: " + std::to_string(ptr) +
+                       " is not an address tagmem_ipc_open returned (or it was closed)");
+    gone = std::move(*it);
+    imports_.erase(it);
+  }
+  gone.reset();  // unmaps outside the lock
+}
+
+void registry::ipc_forget(std::uint64_t base, std::uint64_t size) noexcept {
+  std::lock_guard lock(ipc_mutex_);
+  if (ipc_server_) ipc_server_->forget_within(base, size);
+}
+
+handoff::ipc_server_counters registry::ipc_counters() {
+  std::lock_guard lock(ipc_mutex_);
+  return ipc_server_ ? ipc_server_->counters() : handoff::ipc_server_counters{};
+}
+
+std::size_t registry::ipc_open_here() {
+  std::lock_guard lock(ipc_mutex_);
+  return imports_.size();
+}
+
+void registry::refuse_if_imported(const meta_vector<tag*>& tags, const char* operation) {
+  std::vector<handoff::ipc_importer> live;
+  {
+    std::lock_guard lock(ipc_mutex_);
+    if (!ipc_server_) return;
+    live = ipc_server_->importers();
+  }
+  for (const handoff::ipc_importer& i : live) {
+    tag* t = global_address_index().find(i.ptr);
+    if (std::find(tags.begin(), tags.end(), t) == tags.end()) continue;
+    fail(TAGMEM_ERROR_PEER, std::string("tag '") + t->name() + "' cannot be " + operation + ": " +
+                                i.who.describe() + " maps " + std::to_string(i.bytes) +
+                                " bytes of it (tagmem_ipc_open); it closes them first");
+  }
+}
+
+}  // namespace tagmem

@@ -1,0 +1,144 @@
+// pair_test.cpp — another process maps a tagged range, reads the exporter's bytes and writes its
+// own there, byte for byte; the owner cannot offload the tag while the range is open, can once it
+// is closed; opening and closing many times leaves nothing behind in either process.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <memory>
+#include <random>
+#include <thread>
+
+#include "harness.hpp"
+#include "ipc_harness.hpp"
+#include "peer.hpp"
+
+namespace tagmem::ipc_test {
+namespace {
+
+using preload_test::peer_process;
+
+constexpr std::size_t MiB = std::size_t{1} << 20;
+
+class IpcPair : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    before_ = handoff_test::take_fd_census();
+    ASSERT_EQ(tagmem_init(nullptr), TAGMEM_SUCCESS) << tagmem_last_error();
+    seed_ = std::random_device{}();
+    seed_ = (seed_ << 32) ^ std::random_device{}();
+  }
+  void TearDown() override {
+    EXPECT_EQ(tagmem_shutdown(), TAGMEM_SUCCESS) << tagmem_last_error();
+    EXPECT_EQ(handoff_test::emu_leaks(), "");
+    EXPECT_EQ(handoff_test::take_fd_census(), before_);
+  }
+  void* alloc(std::size_t size, std::uint64_t seed, const char* tag = "w") {
+    void* p = nullptr;
+    EXPECT_EQ(tagmem_malloc_tagged(&p, size, tag, 0, nullptr), TAGMEM_SUCCESS)
+        << tagmem_last_error();
+    write_device(p, random_bytes(seed, size));
+    return p;
+  }
+  handoff_test::fd_census before_;
+  std::uint64_t seed_ = 0;
+};
+
+TEST_F(IpcPair, PeerReadsAndWritesTheSameMemory) {
+  void* a = alloc(5 * MiB, seed_);
+  void* b = alloc(3 * MiB + 4096, seed_ + 1);
+  // A range inside `b`, not at its start: what a tensor inside a PyTorch segment is.
+  auto* inner = static_cast<unsigned char*>(b) + 8192;
+  const std::size_t inner_bytes = 2 * MiB + 123;
+  tagmem_ipc_handle ha{}, hb{}, again{};
+  ASSERT_EQ(tagmem_ipc_export(a, 5 * MiB, &ha), TAGMEM_SUCCESS) << tagmem_last_error();
+  ASSERT_EQ(tagmem_ipc_export(inner, inner_bytes, &hb), TAGMEM_SUCCESS) << tagmem_last_error();
+  ASSERT_EQ(tagmem_ipc_export(a, 5 * MiB, &again), TAGMEM_SUCCESS);
+  EXPECT_EQ(to_text(again), to_text(ha));  // the same range, the same export
+  EXPECT_EQ(ipc_stats().exports, 2u);
+  const std::vector<unsigned char> b_before = read_device(b, 3 * MiB + 4096);
+
+  peer_process peer("ipc_importer", "p");
+  peer.channel().send("open " + to_text(ha));
+  ASSERT_EQ(peer.channel().receive(), "opened 0 " + std::to_string(5 * MiB));
+  peer.channel().send("open " + to_text(hb));
+  ASSERT_EQ(peer.channel().receive(), "opened 1 " + std::to_string(inner_bytes));
+  peer.channel().send("check 0 " + std::to_string(seed_));
+  EXPECT_EQ(peer.channel().receive(), "same");
+  // The peer writes its own bytes into the inner range; the owner reads them there, and every
+  // byte of `b` around it unchanged.
+  peer.channel().send("write 1 " + std::to_string(seed_ + 7));
+  ASSERT_EQ(peer.channel().receive(), "written");
+  std::vector<unsigned char> expect = b_before;
+  const std::vector<unsigned char> written = random_bytes(seed_ + 7, inner_bytes);
+  std::copy(written.begin(), written.end(), expect.begin() + 8192);
+  EXPECT_TRUE(read_device(b, 3 * MiB + 4096) == expect);
+  EXPECT_EQ(ipc_stats().importers, 2u);
+
+  // Offloading (or swapping out) the tag while the peer maps it is refused, naming the peer, and
+  // changes nothing.
+  const char* w = "w";
+  EXPECT_EQ(tagmem_offload(&w, 1, 0, TAGMEM_BACKUP), TAGMEM_ERROR_PEER);
+  EXPECT_NE(std::string(tagmem_last_error()).find("pid " + std::to_string(peer.pid())),
+            std::string::npos)
+      << tagmem_last_error();
+  EXPECT_EQ(tagmem_swap(&w, 1, nullptr, 0, 0, TAGMEM_DISCARD), TAGMEM_ERROR_PEER);
+  EXPECT_TRUE(read_device(a, 5 * MiB) == random_bytes(seed_, 5 * MiB));
+
+  peer.channel().send("close 0");
+  ASSERT_EQ(peer.channel().receive(), "closed");
+  peer.channel().send("close 1");
+  ASSERT_EQ(peer.channel().receive(), "closed");
+  peer.channel().send("close 1");
+  EXPECT_EQ(peer.channel().receive().rfind("error TAGMEM_ERROR_UNKNOWN_POINTER", 0), 0u);
+  ASSERT_TRUE(importers_become(0));
+
+  // Closed: the offload goes ahead, and the bytes come back.
+  ASSERT_EQ(tagmem_offload(&w, 1, 0, TAGMEM_BACKUP), TAGMEM_SUCCESS) << tagmem_last_error();
+  ASSERT_EQ(tagmem_reload(&w, 1, 0), TAGMEM_SUCCESS) << tagmem_last_error();
+  EXPECT_TRUE(read_device(a, 5 * MiB) == random_bytes(seed_, 5 * MiB));
+  EXPECT_TRUE(read_device(b, 3 * MiB + 4096) == expect);
+
+  // Many opens and closes leak no descriptor, mapping or range in the peer, and end every import
+  // here.
+  peer.channel().send("cycle " + to_text(ha) + " 300");
+  EXPECT_EQ(peer.channel().receive(), "cycled");
+  peer.channel().send("census");
+  EXPECT_EQ(peer.channel().receive(), "clean");
+  ASSERT_TRUE(importers_become(0));
+  EXPECT_EQ(ipc_stats().opened_by_peers, 302u);
+  peer.channel().send("exit");
+  EXPECT_EQ(peer.wait(), 0);
+  ASSERT_EQ(tagmem_free(a, nullptr), TAGMEM_SUCCESS);
+  ASSERT_EQ(tagmem_free(b, nullptr), TAGMEM_SUCCESS);
+  EXPECT_EQ(ipc_stats().exports, 0u);  // freeing forgets the exports
+}
+
+TEST_F(IpcPair, OpenWhileOffloadedIsRefusedAndWorksAfterReload) {
+  void* a = alloc(4 * MiB, seed_);
+  tagmem_ipc_handle h{};
+  ASSERT_EQ(tagmem_ipc_export(a, 4 * MiB, &h), TAGMEM_SUCCESS) << tagmem_last_error();
+  const char* w = "w";
+  // An export nobody maps does not hold its tag.
+  ASSERT_EQ(tagmem_offload(&w, 1, 0, TAGMEM_BACKUP), TAGMEM_SUCCESS) << tagmem_last_error();
+  peer_process peer("ipc_importer", "p");
+  peer.channel().send("open " + to_text(h));
+  const std::string refused = peer.channel().receive();
+  EXPECT_EQ(refused.rfind("error TAGMEM_ERROR_TAG_OFFLOADED", 0), 0u) << refused;
+  EXPECT_NE(refused.find("offloaded"), std::string::npos) << refused;
+  ASSERT_EQ(tagmem_reload(&w, 1, 0), TAGMEM_SUCCESS) << tagmem_last_error();
+  peer.channel().send("open " + to_text(h));
+  ASSERT_EQ(peer.channel().receive(), "opened 0 " + std::to_string(4 * MiB));
+  peer.channel().send("check 0 " + std::to_string(seed_));
+  EXPECT_EQ(peer.channel().receive(), "same");
+  peer.channel().send("close 0");
+  ASSERT_EQ(peer.channel().receive(), "closed");
+  peer.channel().send("census");
+  EXPECT_EQ(peer.channel().receive(), "clean");
+  peer.channel().send("exit");
+  EXPECT_EQ(peer.wait(), 0);
+  ASSERT_TRUE(importers_become(0));
+}
+
+}  // namespace
+}  // namespace tagmem::ipc_test
