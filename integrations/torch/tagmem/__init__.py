@@ -66,6 +66,7 @@ from ._errors import (
     UnknownPointerError,
     UnknownTagError,
 )
+from ._ipc import IpcHandle, IpcMapping, ipc_export, ipc_open, ipc_stats, ipc_unexport
 from ._lib import LibraryNotFound, library_file, origin as library_origin
 
 __version__ = "1.0.0"
@@ -78,6 +79,8 @@ __all__ = [
     "HostOutOfMemoryError",
     "InternalError",
     "InvalidArgumentError",
+    "IpcHandle",
+    "IpcMapping",
     "LibraryNotFound",
     "NoDriverError",
     "OutOfMemoryError",
@@ -99,6 +102,10 @@ __all__ = [
     "host_view",
     "memory_margin",
     "init",
+    "ipc_export",
+    "ipc_open",
+    "ipc_stats",
+    "ipc_unexport",
     "library_file",
     "library_origin",
     "offload",

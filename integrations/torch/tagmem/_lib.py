@@ -109,6 +109,24 @@ class HandoffStats(ctypes.Structure):
     ]
 
 
+class IpcHandle(ctypes.Structure):
+    """tagmem_ipc_handle."""
+
+    _fields_ = [("bytes", ctypes.c_ubyte * 64)]
+
+
+class IpcStats(ctypes.Structure):
+    """tagmem_ipc_stats."""
+
+    _fields_ = [
+        ("exports", _U64),
+        ("importers", _U64),
+        ("opened_by_peers", _U64),
+        ("refused_peers", _U64),
+        ("open_here", _U64),
+    ]
+
+
 _STATUS = ctypes.c_int
 _VOIDP = ctypes.c_void_p
 _NAMES = ctypes.POINTER(ctypes.c_char_p)
@@ -152,6 +170,15 @@ _PROTOTYPES = {
         _STATUS,
         [ctypes.c_int, ctypes.POINTER(HandoffStats), ctypes.c_size_t],
     ),
+    "tagmem_ipc_export": (_STATUS, [_VOIDP, _SIZE, ctypes.POINTER(IpcHandle)]),
+    "tagmem_ipc_unexport": (_STATUS, [ctypes.POINTER(IpcHandle)]),
+    "tagmem_ipc_open": (
+        _STATUS,
+        [ctypes.POINTER(IpcHandle), ctypes.POINTER(_VOIDP), ctypes.POINTER(_SIZE),
+         ctypes.POINTER(ctypes.c_int)],
+    ),
+    "tagmem_ipc_close": (_STATUS, [_VOIDP]),
+    "tagmem_ipc_stats_get_sized": (_STATUS, [ctypes.POINTER(IpcStats), _SIZE]),
     "tagmem_tag_plan_offload": (_STATUS, [ctypes.c_char_p, ctypes.c_int, ctypes.c_int]),
     "tagmem_host_reserve": (_STATUS, [_SIZE, ctypes.c_int]),
     "tagmem_host_trim": (_STATUS, [_SIZE]),
