@@ -21,6 +21,7 @@
 
 #include "real_symbols.hpp"
 #include "reentry_guard.hpp"
+#include "runtime_next.hpp"
 #include "shim_config.hpp"
 #include "tagmem/tagmem.h"
 
@@ -35,12 +36,6 @@ using close_handle_fn = cudaError_t (*)(void*);
 
 constexpr unsigned char kMagic[4] = {'T', 'M', 'I', 'P'};  // ipc_messages.hpp, little-endian
 
-template <class F>
-F next(const char* name, const void* caller) {
-  static_assert(sizeof(F) == sizeof(void*));
-  return reinterpret_cast<F>(next_runtime_symbol(name, caller));
-}
-
 cudaError_t report(const char* call, tagmem_status s, cudaError_t e) {
   if (config().log) {
     std::fprintf(stderr, "[tagmem preload] %s: %s: %s\n", call, tagmem_status_string(s),
@@ -53,15 +48,6 @@ cudaError_t report(const char* call, tagmem_status s, cudaError_t e) {
 }  // namespace tagmem::preload
 
 using namespace tagmem::preload;
-
-#define TAGMEM_IPC_NEXT(type, name)                       \
-  static std::atomic<type> real_{nullptr};                \
-  type real = real_.load();                               \
-  if (!real) {                                            \
-    real = next<type>(name, __builtin_return_address(0)); \
-    real_.store(real);                                    \
-  }                                                       \
-  if (!real) return cudaErrorInitializationError
 
 extern "C" __attribute__((visibility("default"))) cudaError_t cudaIpcGetMemHandle(
     cudaIpcMemHandle_t* handle, void* ptr) {
@@ -77,7 +63,7 @@ extern "C" __attribute__((visibility("default"))) cudaError_t cudaIpcGetMemHandl
       return cudaSuccess;
     }
   }
-  TAGMEM_IPC_NEXT(get_handle_fn, "cudaIpcGetMemHandle");
+  TAGMEM_NEXT(get_handle_fn, "cudaIpcGetMemHandle");
   return real(handle, ptr);
 }
 
@@ -94,7 +80,7 @@ extern "C" __attribute__((visibility("default"))) cudaError_t cudaIpcOpenMemHand
                   s == TAGMEM_ERROR_INVALID_ARGUMENT ? cudaErrorInvalidValue
                                                      : cudaErrorInvalidResourceHandle);
   }
-  TAGMEM_IPC_NEXT(open_handle_fn, "cudaIpcOpenMemHandle");
+  TAGMEM_NEXT(open_handle_fn, "cudaIpcOpenMemHandle");
   return real(ptr, handle, flags);
 }
 
@@ -103,6 +89,6 @@ extern "C" __attribute__((visibility("default"))) cudaError_t cudaIpcCloseMemHan
     reentry_guard guard;
     if (tagmem_ipc_close(ptr) == TAGMEM_SUCCESS) return cudaSuccess;
   }
-  TAGMEM_IPC_NEXT(close_handle_fn, "cudaIpcCloseMemHandle");
+  TAGMEM_NEXT(close_handle_fn, "cudaIpcCloseMemHandle");
   return real(ptr);
 }

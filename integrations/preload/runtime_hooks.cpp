@@ -41,6 +41,7 @@
 #include "api/runtime.hpp"
 #include "real_symbols.hpp"
 #include "reentry_guard.hpp"
+#include "runtime_next.hpp"
 #include "shim_config.hpp"
 #include "tagmem/tagmem.h"
 #include "tagmem/tagmem_preload.h"
@@ -56,12 +57,6 @@ using free_async_fn = cudaError_t (*)(void*, cudaStream_t);
 using get_device_fn = cudaError_t (*)(int*);
 
 std::atomic<bool> g_served{false};  // tagmem has served at least one allocation
-
-template <class F>
-F next(const char* name, const void* caller) {
-  static_assert(sizeof(F) == sizeof(void*));
-  return reinterpret_cast<F>(next_runtime_symbol(name, caller));
-}
 
 int runtime_device(const void* caller) {
   static std::atomic<get_device_fn> get{nullptr};
@@ -174,15 +169,6 @@ const char* routing_tag() {
 }  // namespace tagmem::preload
 
 using namespace tagmem::preload;
-
-#define TAGMEM_NEXT(type, name)                           \
-  static std::atomic<type> real_{nullptr};                \
-  type real = real_.load();                               \
-  if (!real) {                                            \
-    real = next<type>(name, __builtin_return_address(0)); \
-    real_.store(real);                                    \
-  }                                                       \
-  if (!real) return cudaErrorInitializationError
 
 extern "C" __attribute__((visibility("default"))) cudaError_t cudaMalloc(void** ptr, size_t size) {
   const void* caller = __builtin_return_address(0);
