@@ -21,6 +21,9 @@ from .. import _api, _entry_points, _errors
 from ._global import full_support, install, installed, joined_frees
 from ._pools import device_index, empty_cache, pool, tag
 from ._summary import memory_stats, memory_summary
+from . import _ipc
+
+_ipc.register()  # tagged CUDA tensors cross processes as tagmem IPC handles (docs/ipc.md)
 
 BACKUP = _api.BACKUP
 DISCARD = _api.DISCARD
