@@ -6,7 +6,8 @@
 // table row reports free device memory, bytes moved, time and GB/s. Exit status 0 only if every
 // check passed.
 //
-//   tagmem_demo [--cycles N] [--scale S]   S multiplies the default sizes (GPU: 4+8 GiB trainer,
+//   tagmem_demo [--cycles N] [--scale S] [--help]   S multiplies the default sizes (GPU: 4+8 GiB
+//   trainer,
 //                                           4+24 GiB engine; emulator: 1/32 of that)
 #include <chrono>
 #include <cstdio>
@@ -31,6 +32,30 @@ struct options {
   double scale = 1.0;
 };
 
+void print_usage(std::FILE* to, const char* program) {
+  std::fprintf(
+      to,
+      "usage: %s [--cycles N] [--scale S] [--help]\n"
+      "\n"
+      "A colocated RL step loop on device 0: a trainer (trainer_weights and optimizer, offloaded\n"
+      "with BACKUP) and a rollout engine (engine_weights with BACKUP, kv_cache with DISCARD) take\n"
+      "turns. Every tensor holds random bytes, checked after each phase switch; a table row\n"
+      "reports free device memory, bytes moved, time and GB/s. Exit status 0 only if every check\n"
+      "passed.\n"
+      "\n"
+      "options:\n"
+      "  --cycles N  trainer/engine cycles to run (default 3, at least 1)\n"
+      "  --scale S   multiplies the default sizes (default 1; GPU: 4+8 GiB trainer, 4+24 GiB\n"
+      "              engine; emulated driver: 1/32 of that)\n"
+      "  --help      prints this and exits\n"
+      "\n"
+      "environment:\n"
+      "  TAGMEM_LIBCUDA  the driver library to load (without a GPU the demo uses the emulated\n"
+      "                  driver and says so on its first line)\n"
+      "  TAGMEM_LOG, TAGMEM_TRACE and the other TAGMEM_* settings apply (docs/observe.md)\n",
+      program);
+}
+
 options parse(int argc, char** argv) {
   options o;
   for (int i = 1; i < argc; ++i) {
@@ -39,8 +64,12 @@ options parse(int argc, char** argv) {
       o.cycles = std::atoi(argv[++i]);
     } else if (a == "--scale" && i + 1 < argc) {
       o.scale = std::atof(argv[++i]);
+    } else if (a == "--help" || a == "-h") {
+      print_usage(stdout, argv[0]);
+      std::exit(0);
     } else {
-      std::fprintf(stderr, "usage: %s [--cycles N] [--scale S]\n", argv[0]);
+      std::fprintf(stderr, "%s: unknown or incomplete option '%s'\n", argv[0], a.c_str());
+      print_usage(stderr, argv[0]);
       std::exit(2);
     }
   }
