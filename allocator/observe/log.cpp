@@ -1,12 +1,14 @@
-// log.cpp — the TAGMEM_LOG level and line output (see log.hpp).
+// log.cpp — the TAGMEM_LOG level and line output (see log.hpp and log_stamp.hpp).
 #include "observe/log.hpp"
 
+#include <time.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <cstdio>
 #include <mutex>
 
+#include "observe/log_stamp.hpp"
 #include "observe/trace.hpp"
 #include "options/options.hpp"
 
@@ -17,6 +19,7 @@ constexpr int kUnread = -1;
 std::atomic<int> g_level{kUnread};
 std::mutex g_sink_mutex;
 std::function<void(const std::string&)> g_sink;  // guarded by g_sink_mutex
+std::atomic<int> g_rank{-1};
 
 int read_level() noexcept {
   try {
@@ -39,7 +42,7 @@ log_level current_log_level() noexcept {
 
 void log_line(const std::string& line) noexcept {
   try {
-    const std::string text = "tagmem: " + line + "\n";
+    const std::string text = "tagmem: " + log_stamp() + " " + line + "\n";
     {
       std::lock_guard lock(g_sink_mutex);
       if (g_sink) {
@@ -56,6 +59,24 @@ void log_line(const std::string& line) noexcept {
   } catch (...) {  // no memory for the line: it is lost, the operation is not
   }
 }
+
+std::string log_stamp() {
+  timespec now{};
+  clock_gettime(CLOCK_REALTIME, &now);
+  tm utc{};
+  gmtime_r(&now.tv_sec, &utc);
+  char buf[96];
+  int n = std::snprintf(buf, sizeof buf, "%04d-%02d-%02dT%02d:%02d:%02d.%03ldZ pid=%ld",
+                        utc.tm_year + 1900, utc.tm_mon + 1, utc.tm_mday, utc.tm_hour, utc.tm_min,
+                        utc.tm_sec, now.tv_nsec / 1000000, static_cast<long>(::getpid()));
+  const int rank = g_rank.load(std::memory_order_relaxed);
+  if (rank >= 0 && n > 0 && static_cast<std::size_t>(n) < sizeof buf) {
+    std::snprintf(buf + n, sizeof buf - n, " rank=%d", rank);
+  }
+  return buf;
+}
+
+void set_log_rank(int rank) noexcept { g_rank.store(rank < 0 ? -1 : rank); }
 
 void configure_observation() noexcept {
   g_level.store(read_level());

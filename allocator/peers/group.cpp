@@ -16,6 +16,7 @@
 #include <thread>
 
 #include "base/error.hpp"
+#include "observe/log_stamp.hpp"
 #include "options/options.hpp"
 #include "peers/job_identity.hpp"
 #include "peers/private_dir.hpp"
@@ -67,6 +68,7 @@ group_spec resolve_spec(const char* name, int rank, int size, int timeout_ms) {
   TAGMEM_EXPECTS(timeout_ms >= 0, TAGMEM_ERROR_INVALID_ARGUMENT, "timeout_ms is negative");
   s.timeout_ms =
       timeout_ms > 0 ? timeout_ms : static_cast<int>(option_number(option::NCCL_TIMEOUT_MS));
+  set_log_rank(s.rank);  // this process is that rank: TAGMEM_LOG lines say so from now on
   return s;
 }
 

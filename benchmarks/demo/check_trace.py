@@ -33,14 +33,21 @@ def run(demo, cycles, env_extra):
     return p.stdout, p.stderr
 
 
+# Every TAGMEM_LOG line starts with this: UTC time to the millisecond and the pid (the demo joins
+# no NCCL group, so no rank).
+STAMP = r"^tagmem: \d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z pid=(\d+) "
+
+
 def log_lines(stderr):
     out = []
     for line in stderr.splitlines():
-        m = re.match(r"tagmem: (offload|reload|swap)( FAILED)? (.*)$", line)
+        m = re.match(STAMP + r"(offload|reload|swap)( FAILED)? (.*)$", line)
         if m:
-            if m.group(2):
+            if m.group(3):
                 fail("a switch failed: " + line)
-            out.append((m.group(1), dict(kv.split("=", 1) for kv in m.group(3).split())))
+            fields = dict(kv.split("=", 1) for kv in m.group(4).split())
+            fields["pid"] = m.group(1)
+            out.append((m.group(2), fields))
     return out
 
 
@@ -68,6 +75,10 @@ def main():
     logged = log_lines(stderr)
     if [k for k, _ in logged] != [e["name"] for e in switches]:
         fail("log %s vs trace %s" % ([k for k, _ in logged], [e["name"] for e in switches]))
+    # The log's pid is the process the trace's events come from.
+    pids = {f["pid"] for _, f in logged} | {str(e["pid"]) for e in switches}
+    if len(pids) != 1:
+        fail("the log and the trace name several processes: %s" % sorted(pids))
 
     # Copy pieces: on their stream's track, inside their switch, bytes as the log says.
     copies = [e for e in spans if e["name"] in ("copy D2H", "copy H2D")]
@@ -134,7 +145,7 @@ def main():
     # TAGMEM_LOG=debug adds the driver calls.
     _, stderr = run(demo, 1, {"TAGMEM_LOG": "debug"})
     for call in ("cuMemCreate", "cuMemMap", "cuMemUnmap", "cuMemcpyDtoHAsync", "cuMemcpyHtoDAsync"):
-        if not re.search(r"^tagmem: driver %s\(.*\) = 0 [0-9.]+ us$" % call, stderr, re.M):
+        if not re.search(STAMP + r"driver %s\(.*\) = 0 [0-9.]+ us$" % call, stderr, re.M):
             fail("no debug line for %s" % call)
     print("check_trace: OK: %d switches, %d copies, %d counters" %
           (len(switches), len(copies), len(counters)))

@@ -11,9 +11,12 @@
 #include <iterator>
 #include <map>
 #include <mutex>
+#include <regex>
 #include <sstream>
 
 #include "observe/log.hpp"
+#include "observe/log_stamp.hpp"
+#include "peers/group.hpp"
 #include "test_support.hpp"
 
 namespace tagmem::test {
@@ -53,9 +56,31 @@ class Observe : public tagmem_test {
   std::vector<std::string> lines_;
 };
 
-// "tagmem: swap device=0 a=b ... error=\"...\"" -> {"event": "swap", "a": "b", ...}.
-std::map<std::string, std::string> fields(const std::string& line) {
+// "tagmem: 2026-12-02T13:40:01.123Z pid=1234 [rank=3] " at the start of `line`, with this
+// process's pid and, when `rank` >= 0, that rank.
+const std::regex& stamp_pattern() {
+  static const std::regex re(
+      R"(^tagmem: (\d{4})-(\d\d)-(\d\d)T(\d\d):(\d\d):(\d\d)\.(\d{3})Z pid=(\d+)( rank=(\d+))? )");
+  return re;
+}
+
+// `line` without its stamp ("tagmem: " + the rest), after checking the stamp.
+std::string unstamped(const std::string& line, int rank = -1) {
+  std::smatch m;
+  EXPECT_TRUE(std::regex_search(line, m, stamp_pattern())) << line;
+  if (m.empty()) return line;
+  EXPECT_EQ(std::stol(m[8].str()), static_cast<long>(getpid())) << line;
+  EXPECT_EQ(m[9].matched, rank >= 0) << line;
+  if (rank >= 0) {
+    EXPECT_EQ(m[10].str(), std::to_string(rank)) << line;
+  }
+  return "tagmem: " + line.substr(m.length(0));
+}
+
+// "tagmem: <stamp> swap device=0 a=b ... error=\"...\"" -> {"event": "swap", "a": "b", ...}.
+std::map<std::string, std::string> fields(const std::string& stamped) {
   std::map<std::string, std::string> out;
+  const std::string line = unstamped(stamped);
   EXPECT_EQ(line.rfind("tagmem: ", 0), 0u) << line;
   EXPECT_EQ(line.back(), '\n') << line;
   std::string body = line.substr(8, line.size() - 9);
@@ -205,7 +230,7 @@ TEST_F(Observe, AReloadOutOfMemoryNamesTagSizesFreeMemoryAndTheLargestResidentTa
   EXPECT_EQ(f["failed"], "1");
   EXPECT_EQ(f["states"], "victim:offloaded_backup");
   EXPECT_NE(f["error"].find("OUT_OF_MEMORY"), std::string::npos) << lines[0];
-  EXPECT_EQ(lines[1], "tagmem: out of memory: " + msg + "\n");
+  EXPECT_EQ(unstamped(lines[1]), "tagmem: out of memory: " + msg + "\n");
 
   TAGMEM_OK(tagmem_free(hog, nullptr));
   TAGMEM_OK(tagmem_empty_cache(0));
@@ -317,6 +342,62 @@ TEST_F(Observe, TraceFlushNeverFollowsAPlantedSymlink) {
   EXPECT_EQ(entries, 4);
   ASSERT_EQ(tagmem_shutdown(), TAGMEM_SUCCESS);
   std::system(("rm -rf '" + dir + "'").c_str());
+}
+
+// Every line starts with the UTC time to the millisecond (read between the clock before and after
+// the line), the pid, and the rank once the layer that knows it (an NCCL group) has set it.
+TEST_F(Observe, EachLineCarriesUtcTimePidAndTheRankOnceKnown) {
+  auto utc_ms = [] {
+    timespec t{};
+    clock_gettime(CLOCK_REALTIME, &t);
+    return static_cast<long long>(t.tv_sec) * 1000 + t.tv_nsec / 1000000;
+  };
+  auto stamp_ms = [](const std::string& line) {
+    std::smatch m;
+    EXPECT_TRUE(std::regex_search(line, m, stamp_pattern())) << line;
+    if (m.empty()) return -1LL;
+    tm t{};
+    t.tm_year = std::stoi(m[1].str()) - 1900;
+    t.tm_mon = std::stoi(m[2].str()) - 1;
+    t.tm_mday = std::stoi(m[3].str());
+    t.tm_hour = std::stoi(m[4].str());
+    t.tm_min = std::stoi(m[5].str());
+    t.tm_sec = std::stoi(m[6].str());
+    return static_cast<long long>(timegm(&t)) * 1000 + std::stoll(m[7].str());
+  };
+  auto rng = rng_for_test();
+  const std::string text = "probe " + std::to_string(rng());
+  const long long before = utc_ms();
+  log_line(text);
+  const long long after = utc_ms();
+  auto lines = take();
+  ASSERT_EQ(lines.size(), 1u);
+  EXPECT_EQ(unstamped(lines[0]), "tagmem: " + text + "\n");
+  EXPECT_LE(before, stamp_ms(lines[0])) << lines[0];
+  EXPECT_LE(stamp_ms(lines[0]), after) << lines[0];
+
+  const int rank = static_cast<int>(rng() % 4096);
+  set_log_rank(rank);
+  log_line(text);
+  set_log_rank(-1);
+  log_line(text);
+  lines = take();
+  ASSERT_EQ(lines.size(), 2u);
+  EXPECT_EQ(unstamped(lines[0], rank), "tagmem: " + text + "\n");
+  EXPECT_EQ(unstamped(lines[1]), "tagmem: " + text + "\n");
+
+  // The rank an NCCL pause or resume resolves (passed, or LOCAL_RANK) is the one the lines show.
+  setenv("TAGMEM_JOB", "observe-test", 1);
+  setenv("LOCAL_RANK", std::to_string(rank).c_str(), 1);
+  const peers::group_spec spec = peers::resolve_spec(nullptr, -1, rank + 1, 0);
+  unsetenv("LOCAL_RANK");
+  unsetenv("TAGMEM_JOB");
+  EXPECT_EQ(spec.rank, rank);
+  log_line(text);
+  set_log_rank(-1);
+  lines = take();
+  ASSERT_EQ(lines.size(), 1u);
+  EXPECT_EQ(unstamped(lines[0], rank), "tagmem: " + text + "\n");
 }
 
 }  // namespace
