@@ -15,6 +15,7 @@
 
 #include "base/error.hpp"
 #include "observe/json_text.hpp"
+#include "observe/trace_signals.hpp"
 #include "options/options.hpp"
 
 #if __has_include(<nvtx3/nvToolsExt.h>)
@@ -130,6 +131,7 @@ void configure() noexcept {
     if (path && !s.exit_hook) {
       g_writer = getpid();
       s.exit_hook = std::atexit(write_at_exit) == 0;
+      flush_on_signals(flush);  // SIGTERM and SIGINT never reach the write at exit
     }
   }
   g_file.store(path != nullptr);

@@ -173,6 +173,14 @@ def resident(*names, mode=BACKUP, device=None):
             offload(leaving, mode, device)
 
 
+def trace_flush():
+    """Writes the TAGMEM_TRACE file now (whole, valid JSON), with the events so far; does nothing
+    when TAGMEM_TRACE was not set. For a long run that is ended otherwise than by exit, SIGTERM or
+    SIGINT (those write it already), or to look at the trace while the process runs. Raises
+    InvalidArgumentError naming the file when it cannot be written."""
+    _errors.check(_lib.lib().tagmem_trace_flush())
+
+
 def empty_cache(device=None):
     """Returns to the driver the physical memory of resident tags' segments that hold no live
     allocation. Offloaded tags are left alone."""

@@ -136,6 +136,7 @@ _PROTOTYPES = {
     "tagmem_config_init_sized": (None, [ctypes.POINTER(Config), _SIZE]),
     "tagmem_init": (_STATUS, [ctypes.POINTER(Config)]),
     "tagmem_shutdown": (_STATUS, []),
+    "tagmem_trace_flush": (_STATUS, []),
     "tagmem_last_error": (ctypes.c_char_p, []),
     "tagmem_status_string": (ctypes.c_char_p, [ctypes.c_int]),
     "tagmem_push_tag": (_STATUS, [ctypes.c_char_p]),
