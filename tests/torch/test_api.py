@@ -142,6 +142,33 @@ def test_resident_reloads_on_entry_and_offloads_on_exit_even_after_an_exception(
     assert tagmem.state("weights") == "offloaded_discard"
 
 
+def test_resident_offloads_each_tag_in_the_mode_it_was_offloaded_in_or_the_one_given(io, rng):
+    w = tagmem.raw_alloc(MiB, tag="weights")
+    kv = tagmem.raw_alloc(2 * MiB, tag="kv_cache")
+    data = fill(io, rng, w, MiB)
+    fill(io, rng, kv, 2 * MiB)
+    tagmem.offload("weights", tagmem.BACKUP)
+    tagmem.offload("kv_cache", tagmem.DISCARD)
+    for _ in range(2):  # a DISCARD tag stays DISCARD phase after phase, without a backup
+        with tagmem.resident("weights", "kv_cache"):
+            assert io.read(w, MiB) == data
+            fill(io, rng, kv, 2 * MiB)
+        assert tagmem.state("weights") == "offloaded_backup"
+        assert tagmem.state("kv_cache") == "offloaded_discard"
+        assert tagmem.stats("kv_cache")["host_bytes"] == 0
+    with tagmem.resident("weights", "kv_cache", mode={"kv_cache": "backup"}):
+        kv_data = fill(io, rng, kv, 2 * MiB)
+    assert tagmem.state("weights") == "offloaded_backup"  # not in the dict: BACKUP
+    assert tagmem.state("kv_cache") == "offloaded_backup"
+    with tagmem.resident("kv_cache", mode="discard"):
+        assert io.read(kv, 2 * MiB) == kv_data
+    assert tagmem.state("kv_cache") == "offloaded_discard"
+    with pytest.raises(tagmem.InvalidArgumentError, match="not among the listed tags"):
+        with tagmem.resident("weights", mode={"kv_cache": "discard"}):
+            pass
+    assert tagmem.state("weights") == "offloaded_backup"  # nothing was reloaded
+
+
 def test_reload_out_of_memory_keeps_the_backup_and_succeeds_once_memory_is_freed(io, rng):
     p = tagmem.raw_alloc(64 * MiB, tag="big")
     data = fill(io, rng, p, 64 * MiB)
@@ -444,3 +471,14 @@ def test_handoff_is_refused_when_off_and_reports_like_the_c_struct_when_on(monke
     assert any(name.startswith("hoff-") for name in os.listdir(tmp_path / "peers"))
     tagmem.handoff_cancel()
     assert tagmem.handoff_stats()["listening"] is False
+
+
+def test_the_plain_api_example_of_docs_torch_md_runs_as_written():
+    with open(os.path.join(REPO_ROOT, "docs", "torch.md")) as f:
+        text = f.read()
+    marker = "<!-- tested: torch_plain_api -->\n```python\n"
+    start = text.index(marker) + len(marker)
+    code = text[start : text.index("```", start)]
+    exec(compile(code, "docs/torch.md", "exec"), {})
+    assert tagmem.state("weights") == "offloaded_backup"
+    assert tagmem.state("kv_cache") == "offloaded_discard"

@@ -152,16 +152,34 @@ def exists(name, device=None):
 
 
 @contextlib.contextmanager
-def resident(*names, mode=BACKUP, device=None):
+def resident(*names, mode=None, device=None):
     """Context manager: the listed tags are resident inside the block and offloaded after it.
 
     On entry, every listed tag that exists and is offloaded is reloaded (a tag that does not exist
     yet is created by allocations inside the block). On exit, also when the block raised, every
-    listed tag that exists and is resident is offloaded in `mode`. This is the shape of one phase
-    of a reinforcement-learning loop: ``with tagmem.resident("weights", "kv_cache"): rollout()``.
+    listed tag that exists and is resident is offloaded again. In which mode: `mode` when given,
+    either one mode for every tag or a dict of tag name to mode (a listed tag missing from it:
+    BACKUP); without it, each tag in the mode it was offloaded in when the block began (a DISCARD
+    tag, a KV cache, goes back without a backup), BACKUP for a tag that was resident or did not
+    exist. This is the shape of one phase of a reinforcement-learning loop:
+    ``with tagmem.resident("weights", "kv_cache"): rollout()``.
     """
+    if isinstance(mode, dict):
+        unknown = sorted(set(mode) - set(names))
+        if unknown:
+            raise _errors.error_for(
+                1, f"resident: mode names {unknown}, which are not among the listed tags {list(names)}"
+            )
+        modes = {n: _mode(mode.get(n, BACKUP)) for n in names}
+    elif mode is not None:
+        modes = dict.fromkeys(names, _mode(mode))
+    else:
+        modes = dict.fromkeys(names, BACKUP)
     present = set(tags(device))
-    waiting = [n for n in names if n in present and state(n, device) != "resident"]
+    states = {n: state(n, device) for n in names if n in present}
+    if mode is None:
+        modes.update({n: DISCARD for n, s in states.items() if s == "offloaded_discard"})
+    waiting = [n for n, s in states.items() if s != "resident"]
     if waiting:
         reload(waiting, device)
     try:
@@ -169,8 +187,10 @@ def resident(*names, mode=BACKUP, device=None):
     finally:
         present = set(tags(device))
         leaving = [n for n in names if n in present and state(n, device) == "resident"]
-        if leaving:
-            offload(leaving, mode, device)
+        for how in (BACKUP, DISCARD):
+            group = [n for n in leaving if modes[n] == how]
+            if group:
+                offload(group, how, device)
 
 
 def trace_flush():

@@ -45,9 +45,10 @@ def swap(out_tags, in_tags, mode=BACKUP, device=None):
     _api.swap(out_tags, in_tags, mode, device_index(device))
 
 
-def resident(*names, mode=BACKUP, device=None):
+def resident(*names, mode=None, device=None):
     """tagmem.resident on `device` (default: the current CUDA device): reload on entry, offload
-    on exit."""
+    on exit (each tag in `mode`, one for all or a dict per tag, else in the mode it was offloaded
+    in when the block began, else BACKUP)."""
     return _api.resident(*names, mode=mode, device=device_index(device))
 
 
