@@ -149,7 +149,9 @@ def test_stats_reports_the_device_and_the_metadata_heap(rng):
     env.pop("TAGMEM_MIMALLOC_LIBRARY", None)
     lines = stats_lines(tagmem_cli("stats", env=env))
     assert lines["device_total_bytes"][0] == str(device_bytes)
-    assert lines["tags:"] == ["0"]
+    # Its own new process: no tags, and it says so rather than claiming to show a program's.
+    assert lines["tags:"] == ["0", "(of", "this", "process)"]
+    assert lines["process"][1:3] == ["(this", "command's"]
     try:
         ctypes.CDLL("libmimalloc.so.2", mode=os.RTLD_LOCAL)
         expected = "mimalloc"

@@ -3,12 +3,15 @@ running a program under the LD_PRELOAD shim.
 
     python -m tagmem preload-path        # the path of libtagmem_preload.so
     python -m tagmem config              # the libraries found, then every TAGMEM_* setting in effect
-    python -m tagmem stats [--device N]  # this process's device statistics and tags
+    python -m tagmem stats [--device N]  # the device and host figures as a new process sees them
     python -m tagmem run -- CMD ARGS...  # CMD with the shim first on LD_PRELOAD
 
-Nothing here needs PyTorch. ``stats`` initialises tagmem in this process (so it loads the driver:
-TAGMEM_LIBCUDA, else libcuda.so.1); a new process holds no tags, so its table is empty, but the
-device figures and the metadata heap are those of this machine and this configuration.
+Nothing here needs PyTorch. ``stats`` initialises tagmem in its own, new process (so it loads the
+driver: TAGMEM_LIBCUDA, else libcuda.so.1): the device figures and the metadata heap are those of
+this machine and this configuration, but tags live in the process that made them, so its table of
+tags is empty. To see a running program's tags, print ``tagmem.stats()`` or
+``tagmem.torch.memory_summary()`` in that program, or read its TAGMEM_TRACE file (docs/observe.md);
+tagmem opens no channel into a process for others to read.
 """
 
 import argparse
@@ -92,6 +95,8 @@ def stats(args):
         device = _api.stats(device=args.device)
     except (_lib.LibraryNotFound, _errors.TagmemError) as e:
         return _fail(f"cannot read statistics: {e}")
+    print(f"process        {os.getpid()} (this command's own: it holds no tags; a program's tags")
+    print("               are seen from inside it, with tagmem.stats() or memory_summary())")
     print(f"library        {_lib.library_file()}")
     print(f"metadata heap  {device['metadata_heap']}")
     for key in (
@@ -106,7 +111,7 @@ def stats(args):
         "release_pending_bytes",
     ):
         print(f"{key:<24} {device[key]:>16}  {_bytes(device[key])}")
-    print(f"tags: {device['tags']}")
+    print(f"tags: {device['tags']} (of this process)")
     if device["by_tag"]:
         print(f"  {'tag':<24} {'state':<18} {'allocated':>16} {'mapped':>16} {'host':>16}")
     for name, tag in sorted(device["by_tag"].items()):
@@ -137,7 +142,11 @@ def main(argv=None):
     commands = parser.add_subparsers(dest="subcommand", required=True)
     commands.add_parser("preload-path", help="print the path of libtagmem_preload.so")
     commands.add_parser("config", help="print the libraries found and the TAGMEM_* settings")
-    stats_parser = commands.add_parser("stats", help="print device statistics and tags")
+    stats_parser = commands.add_parser(
+        "stats",
+        help="print the device and host figures as a new process sees them (a program's tags are "
+        "seen from inside it: tagmem.stats())",
+    )
     stats_parser.add_argument("--device", type=int, default=None, help="CUDA device (default: current)")
     run_parser = commands.add_parser("run", help="run a command with the preload shim")
     run_parser.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD ARGS...")
