@@ -54,8 +54,10 @@ static_assert(sizeof(tagmem_offload_mode) == sizeof(int) && sizeof(tagmem_status
 
 tagmem_offload_mode checked_mode(const tagmem_offload_mode& mode) {
   const int raw = enum_bits(&mode);
-  TAGMEM_EXPECTS(raw == TAGMEM_BACKUP || raw == TAGMEM_DISCARD, TAGMEM_ERROR_INVALID_ARGUMENT,
-                 "offload mode must be TAGMEM_BACKUP or TAGMEM_DISCARD");
+  TAGMEM_EXPECTS(raw == TAGMEM_BACKUP || raw == TAGMEM_DISCARD || raw == TAGMEM_BACKUP_DISK,
+                 TAGMEM_ERROR_INVALID_ARGUMENT,
+                 "offload mode must be TAGMEM_BACKUP, TAGMEM_DISCARD or TAGMEM_BACKUP_DISK");
+  if (raw == TAGMEM_BACKUP_DISK) return TAGMEM_BACKUP_DISK;
   return raw == TAGMEM_BACKUP ? TAGMEM_BACKUP : TAGMEM_DISCARD;
 }
 
@@ -174,6 +176,7 @@ const char* tagmem_status_string(tagmem_status status) {
     TAGMEM_NAME(TAGMEM_ERROR_TIMEOUT)
     TAGMEM_NAME(TAGMEM_ERROR_INTERNAL)
     TAGMEM_NAME(TAGMEM_ERROR_FORKED)
+    TAGMEM_NAME(TAGMEM_ERROR_IO)
 #undef TAGMEM_NAME
   }
   return "TAGMEM_UNKNOWN_STATUS";
@@ -500,6 +503,14 @@ tagmem_status tagmem_set_keep_backup(const char* tag, int device, int keep) {
     std::lock_guard lock(t.mutex());
     t.set_keep_backup(keep != 0);
   });
+}
+
+tagmem_status tagmem_set_disk_dir(const char* dir) {
+  return guarded([&](registry& r) { r.set_disk_dir(dir); });
+}
+
+tagmem_status tagmem_set_disk_file_bytes(size_t bytes) {
+  return guarded([&](registry& r) { r.set_disk_file_bytes(bytes); });
 }
 
 void tagmem_set_memory_margin(size_t bytes) {

@@ -59,6 +59,9 @@ config make_config(const tagmem_config* user) {
                                     option::HOST_MAX_BYTES, fields);
   c.host_slab_bytes = option_number(option::HOST_SLAB_BYTES);
   c.discard_mapping_bytes = option_number(option::DISCARD_MAPPING_BYTES);
+  c.disk_piece_bytes = option_number(option::DISK_PIECE_BYTES);
+  c.disk_file_bytes = option_number(option::DISK_FILE_BYTES);
+  c.disk_depth = static_cast<int>(option_number(option::DISK_DEPTH));
   c.copy_streams = static_cast<int>(option_number(option::COPY_STREAMS));
   c.metadata = option_choice(option::METADATA) == 0 ? metadata_allocator::mimalloc
                                                     : metadata_allocator::system;

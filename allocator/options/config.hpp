@@ -27,8 +27,11 @@ struct config {
   std::size_t discard_mapping_bytes = 0;  // for a DISCARD tag's reload
   std::size_t host_slab_bytes = 0;        // the pinned host store grows by this at least
   std::size_t host_max_bytes = 0;         // cap on that store; 0: none (host_budget.hpp)
-  int copy_streams = 0;                   // per direction, per device
-  bool background_release = false;        // Note [background release]
+  std::size_t disk_piece_bytes = 0;       // the disk tier (disk/disk_backup.hpp)
+  std::size_t disk_file_bytes = 0;
+  int disk_depth = 0;
+  int copy_streams = 0;             // per direction, per device
+  bool background_release = false;  // Note [background release]
   bool swap_background_release = false;
   recycling recycle = recycling::swap;
   bool pin_ahead = true;  // Note [pin ahead] in background_pinning.hpp

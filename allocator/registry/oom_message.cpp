@@ -34,7 +34,7 @@ std::string explain_out_of_memory_message(registry& r, int device, const char* w
       if (asked == 0 && s.state == TAGMEM_RESIDENT) continue;  // this one came back
       needed += asked ? asked : s.reserved_bytes;
       failing += std::string(failing.empty() ? "" : ", ") + "'" + t->name() + "'";
-      if (s.state == TAGMEM_OFFLOADED_BACKUP) {
+      if (s.state == TAGMEM_OFFLOADED_BACKUP || s.state == TAGMEM_OFFLOADED_DISK) {
         stays += std::string(stays.empty() ? "" : "; ") + "'" + t->name() +
                  "' stays offloaded with its backup";
       } else if (s.state == TAGMEM_OFFLOADED_DISCARD) {

@@ -1,13 +1,18 @@
 // registry.cpp — devices, tags and the operations that span tags (see registry.hpp).
 #include "registry/registry.hpp"
 
+#include <sys/stat.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <cstring>
 #include <mutex>
 
+#include "disk/disk_tier.hpp"
 #include "driver/driver.hpp"
 #include "observe/log.hpp"
 #include "offload/offload_engine.hpp"
+#include "options/options.hpp"
 #include "peers/job_identity.hpp"
 #include "peers/private_dir.hpp"
 #include "tags/external_tag.hpp"
@@ -27,7 +32,7 @@ void check_tag_name(const char* name) {
   }
 }
 
-registry::registry(const config& cfg) : cfg_(cfg) {
+registry::registry(const config& cfg) : cfg_(cfg), disk_dir_(option_text(option::DISK_DIR)) {
   configure_observation();  // TAGMEM_LOG, TAGMEM_TRACE
   set_metadata_allocator(cfg_.metadata);
   driver::load();
@@ -277,12 +282,32 @@ class multi_lock {
 
 void registry::offload(const char* const* names, std::size_t count, int ordinal,
                        tagmem_offload_mode mode) {
-  TAGMEM_EXPECTS(mode == TAGMEM_BACKUP || mode == TAGMEM_DISCARD, TAGMEM_ERROR_INVALID_ARGUMENT,
-                 "offload mode must be TAGMEM_BACKUP or TAGMEM_DISCARD");
+  TAGMEM_EXPECTS(mode == TAGMEM_BACKUP || mode == TAGMEM_DISCARD || mode == TAGMEM_BACKUP_DISK,
+                 TAGMEM_ERROR_INVALID_ARGUMENT,
+                 "offload mode must be TAGMEM_BACKUP, TAGMEM_DISCARD or TAGMEM_BACKUP_DISK");
   meta_vector<tag*> list = lookup_unique(names, count, ordinal, "tagmem_offload");
   if (list.empty()) return;
   host_store& hs = store(ordinal);
   device& d = dev(ordinal);
+  if (mode == TAGMEM_BACKUP_DISK) {  // Note [disk tier]: written before the call returns
+    after_operation noted{[&]() noexcept { note_offloaded(ordinal); }};
+    multi_lock lock(list);
+    for (tag* t : list) {
+      TAGMEM_EXPECTS(!t->offloaded() || t->partial(), TAGMEM_ERROR_TAG_OFFLOADED,
+                     std::string("tag '") + t->name() + "' is already offloaded");
+      TAGMEM_EXPECTS(
+          !t->offloaded(), TAGMEM_ERROR_TAG_OFFLOADED,
+          std::string("tag '") + t->name() +
+              "' is partly offloaded; finish with TAGMEM_BACKUP before TAGMEM_BACKUP_DISK");
+    }
+    refuse_if_imported(list, "offloaded");
+    const disk_settings s = disk_settings_now();
+    TAGMEM_EXPECTS(!s.dir.empty(), TAGMEM_ERROR_INVALID_ARGUMENT,
+                   "TAGMEM_BACKUP_DISK needs a directory: set TAGMEM_DISK_DIR or call "
+                   "tagmem_set_disk_dir()");
+    offload_to_disk(d, list.data(), list.size(), hs, cfg_, s);
+    return;
+  }
   auto body = [this, list, &hs, &d, ordinal, mode](const std::function<void()>& queued) {
     after_operation noted{[&]() noexcept { note_offloaded(ordinal); }};
     multi_lock lock(list);
@@ -310,14 +335,49 @@ void registry::reload(const char* const* names, std::size_t count, int ordinal) 
     TAGMEM_EXPECTS(t->offloaded(), TAGMEM_ERROR_TAG_RESIDENT,
                    std::string("tag '") + t->name() + "' is resident; nothing to reload");
   }
-  reload_tags(dev(ordinal), list.data(), list.size(), hs, cfg_);  // one pipeline for the list
+  // Tags on disk are read back after the others' pipeline (Note [disk tier]).
+  const auto on_disk = std::stable_partition(
+      list.begin(), list.end(), [](tag* t) { return t->mode() != TAGMEM_BACKUP_DISK; });
+  const std::size_t in_memory = static_cast<std::size_t>(on_disk - list.begin());
+  if (in_memory) reload_tags(dev(ordinal), list.data(), in_memory, hs, cfg_);  // one pipeline
+  if (in_memory < list.size()) {
+    reload_from_disk(dev(ordinal), list.data() + in_memory, list.size() - in_memory, hs, cfg_,
+                     disk_settings_now());
+  }
+}
+
+disk_settings registry::disk_settings_now() {
+  std::lock_guard lock(disk_mutex_);
+  return {disk_dir_, cfg_.disk_piece_bytes,
+          disk_file_bytes_ ? disk_file_bytes_ : cfg_.disk_file_bytes, cfg_.disk_depth};
+}
+
+void registry::set_disk_file_bytes(std::size_t bytes) {
+  TAGMEM_EXPECTS(bytes % (1u << 20) == 0, TAGMEM_ERROR_INVALID_ARGUMENT,
+                 "disk file size " + std::to_string(bytes) + " is not a multiple of 1 MiB");
+  std::lock_guard lock(disk_mutex_);
+  disk_file_bytes_ = bytes;
+}
+
+void registry::set_disk_dir(const char* dir) {
+  std::string chosen = dir && *dir ? dir : option_text(option::DISK_DIR);
+  if (!chosen.empty()) {
+    struct stat st {};
+    TAGMEM_EXPECTS(
+        ::stat(chosen.c_str(), &st) == 0 && S_ISDIR(st.st_mode), TAGMEM_ERROR_INVALID_ARGUMENT,
+        "disk directory '" + chosen + "' is not a directory: " +
+            (errno ? std::string(std::strerror(errno)) : std::string("not a directory")));
+  }
+  std::lock_guard lock(disk_mutex_);
+  disk_dir_ = std::move(chosen);
 }
 
 void registry::swap(const char* const* out_names, std::size_t out_count,
                     const char* const* in_names, std::size_t in_count, int ordinal,
                     tagmem_offload_mode mode) {
   TAGMEM_EXPECTS(mode == TAGMEM_BACKUP || mode == TAGMEM_DISCARD, TAGMEM_ERROR_INVALID_ARGUMENT,
-                 "offload mode must be TAGMEM_BACKUP or TAGMEM_DISCARD");
+                 "a swap's offload mode must be TAGMEM_BACKUP or TAGMEM_DISCARD (offload to disk "
+                 "and reload instead)");
   meta_vector<tag*> outs = lookup_unique(out_names, out_count, ordinal, "tagmem_swap");
   meta_vector<tag*> ins = lookup_unique(in_names, in_count, ordinal, "tagmem_swap");
   for (tag* t : ins) {
@@ -338,6 +398,9 @@ void registry::swap(const char* const* out_names, std::size_t out_count,
   for (tag* t : ins) {
     TAGMEM_EXPECTS(t->offloaded(), TAGMEM_ERROR_TAG_RESIDENT,
                    std::string("tag '") + t->name() + "' is resident; nothing to reload");
+    TAGMEM_EXPECTS(t->mode() != TAGMEM_BACKUP_DISK, TAGMEM_ERROR_INVALID_ARGUMENT,
+                   std::string("tag '") + t->name() +
+                       "' is offloaded to disk: reload it with tagmem_reload, not in a swap");
   }
   refuse_if_imported(outs, "swapped out");
   // One pipeline: the out-tags' copies and unmaps overlap the in-tags' maps and copies.
@@ -365,8 +428,9 @@ std::size_t registry::empty_cache(int ordinal) {
 }
 
 void registry::plan_offload(const char* name, int ordinal, tagmem_offload_mode mode) {
-  TAGMEM_EXPECTS(mode == TAGMEM_BACKUP || mode == TAGMEM_DISCARD, TAGMEM_ERROR_INVALID_ARGUMENT,
-                 "offload mode must be TAGMEM_BACKUP or TAGMEM_DISCARD");
+  TAGMEM_EXPECTS(mode == TAGMEM_BACKUP || mode == TAGMEM_DISCARD || mode == TAGMEM_BACKUP_DISK,
+                 TAGMEM_ERROR_INVALID_ARGUMENT,
+                 "offload mode must be TAGMEM_BACKUP, TAGMEM_DISCARD or TAGMEM_BACKUP_DISK");
   tag& t = get_or_create(ordinal, name);
   {
     std::lock_guard lock(t.mutex());

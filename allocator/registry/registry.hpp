@@ -13,6 +13,7 @@
 #include <shared_mutex>
 
 #include "device/device.hpp"
+#include "disk/disk_backup.hpp"
 #include "handoff/ipc_import.hpp"
 #include "handoff/ipc_server.hpp"
 #include "handoff/service.hpp"
@@ -60,6 +61,10 @@ class registry {
   void wait_released(int ordinal);
   // Records how the tag will be offloaded (creating it): BACKUP pins ahead (Note [pin ahead]).
   void plan_offload(const char* name, int ordinal, tagmem_offload_mode mode);
+  // The directory TAGMEM_BACKUP_DISK writes to from now on ("" or null: TAGMEM_DISK_DIR).
+  void set_disk_dir(const char* dir);
+  // The largest file it writes (0: TAGMEM_DISK_FILE_BYTES).
+  void set_disk_file_bytes(std::size_t bytes);
 
   // The device's handoff (Note [handoff] in handoff/service.hpp); null without TAGMEM_HANDOFF=on
   // or where the device cannot export handles. Creates the device.
@@ -100,7 +105,12 @@ class registry {
   meta_vector<tag*> lookup_unique(const char* const* names, std::size_t count, int ordinal,
                                   const char* operation);
 
+  disk_settings disk_settings_now();
+
   config cfg_;
+  std::mutex disk_mutex_;
+  std::string disk_dir_;  // TAGMEM_DISK_DIR or tagmem_set_disk_dir()
+  std::size_t disk_file_bytes_ = 0;
   std::string handoff_job_, handoff_dir_;  // with TAGMEM_HANDOFF=on
   int device_count_ = 0;
   std::mutex devices_mutex_;  // creating the store

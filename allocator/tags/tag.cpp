@@ -10,6 +10,7 @@ tag::tag(device& dev, const config& cfg, const char* name)
 
 tagmem_tag_state tag::state() const noexcept {
   if (!offloaded_) return TAGMEM_RESIDENT;
+  if (mode_ == TAGMEM_BACKUP_DISK) return TAGMEM_OFFLOADED_DISK;
   return mode_ == TAGMEM_BACKUP ? TAGMEM_OFFLOADED_BACKUP : TAGMEM_OFFLOADED_DISCARD;
 }
 

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <mutex>
 
 #include "device/block_pool.hpp"
@@ -26,6 +27,12 @@ struct tag_counters {
   std::uint64_t bytes_reloaded = 0;
   std::size_t peak_allocated_bytes = 0;
   std::size_t peak_mapped_bytes = 0;
+};
+
+// What a layer above keeps with a tag and what goes when the tag goes (the disk tier's backup
+// files, disk/disk_backup.hpp).
+struct tag_attachment {
+  virtual ~tag_attachment() = default;
 };
 
 class tag : public meta_object {
@@ -77,6 +84,9 @@ class tag : public meta_object {
     kept_frees_ = frees;
   }
 
+  // The tag's disk backup while it is offloaded to disk (TAGMEM_BACKUP_DISK), else null.
+  std::unique_ptr<tag_attachment>& disk_backup() noexcept { return disk_backup_; }
+
   tagmem_tag_stats stats() const;
   // Raises the peaks to the bytes allocated and mapped now (after an allocation; mapped bytes
   // grow only then, a reload restores at most what was mapped).
@@ -97,6 +107,7 @@ class tag : public meta_object {
   bool keep_backup_ = false;
   bool kept_ = false;
   std::uint64_t kept_allocs_ = 0, kept_frees_ = 0;
+  std::unique_ptr<tag_attachment> disk_backup_;
 };
 
 }  // namespace tagmem

@@ -63,18 +63,24 @@ typedef enum tagmem_status {
   TAGMEM_ERROR_PEER = 11,              /* a cooperating process failed, disagreed or vanished */
   TAGMEM_ERROR_TIMEOUT = 12,           /* a bounded wait ran out */
   TAGMEM_ERROR_INTERNAL = 13,          /* an invariant broke; please report */
-  TAGMEM_ERROR_FORKED = 14             /* called in a child forked after tagmem started */
+  TAGMEM_ERROR_FORKED = 14,            /* called in a child forked after tagmem started */
+  TAGMEM_ERROR_IO = 15                 /* a disk backup file could not be made, written or read
+                                          back whole and unchanged; the message names the file */
 } tagmem_status;
 
 typedef enum tagmem_offload_mode {
-  TAGMEM_BACKUP = 0, /* copy the bytes to pinned host memory; reload restores them */
-  TAGMEM_DISCARD = 1 /* drop the bytes; reload maps fresh memory with undefined contents */
+  TAGMEM_BACKUP = 0,     /* copy the bytes to pinned host memory; reload restores them */
+  TAGMEM_DISCARD = 1,    /* drop the bytes; reload maps fresh memory with undefined contents */
+  TAGMEM_BACKUP_DISK = 2 /* write the bytes to files in the disk directory (TAGMEM_DISK_DIR,
+                            tagmem_set_disk_dir), not to host memory; reload reads them back,
+                            checks them and removes the files (docs/disk.md) */
 } tagmem_offload_mode;
 
 typedef enum tagmem_tag_state {
   TAGMEM_RESIDENT = 0,
   TAGMEM_OFFLOADED_BACKUP = 1,
-  TAGMEM_OFFLOADED_DISCARD = 2
+  TAGMEM_OFFLOADED_DISCARD = 2,
+  TAGMEM_OFFLOADED_DISK = 3
 } tagmem_tag_state;
 
 /* Structs that cross this ABI grow only at their end, and the library reads and writes no byte
@@ -377,6 +383,18 @@ TAGMEM_API tagmem_status tagmem_host_view(const void* ptr, int flags, void** hos
  * host budget; tagmem_host_trim() never frees it. Errors: UNKNOWN_TAG (create the tag first, for
  * example with tagmem_push_tag), INVALID_ARGUMENT (bad device). Thread-safe. */
 TAGMEM_API tagmem_status tagmem_set_keep_backup(const char* tag, int device, int keep);
+
+/* Sets the directory TAGMEM_BACKUP_DISK writes its files to, for offloads from now on (it must
+ * exist; tags already on disk keep their files). NULL or "" goes back to TAGMEM_DISK_DIR. The
+ * directory should be on a real disk: on tmpfs the files live in host memory.
+ * Errors: INVALID_ARGUMENT (a path that is not a directory). Thread-safe. */
+TAGMEM_API tagmem_status tagmem_set_disk_dir(const char* dir);
+
+/* Sets the largest file TAGMEM_BACKUP_DISK writes, for offloads from now on: a mapping larger
+ * than this goes to several files (one file descriptor each is held while offloaded). 0 goes back
+ * to TAGMEM_DISK_FILE_BYTES (1 GiB). Errors: INVALID_ARGUMENT (not a multiple of 1 MiB).
+ * Thread-safe. */
+TAGMEM_API tagmem_status tagmem_set_disk_file_bytes(size_t bytes);
 
 /* ---- statistics ---------------------------------------------------------------------------- */
 

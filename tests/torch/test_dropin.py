@@ -209,7 +209,7 @@ def test_disk_backup_says_what_to_use_instead_and_retention_is_a_setting(monkeyp
     with pytest.raises(NotImplementedError, match="enable_cpu_backup=True"):
         with saver.region(tag="x", enable_disk_backup=True):
             pass
-    with pytest.raises(NotImplementedError, match="no disk tier"):
+    with pytest.raises(NotImplementedError, match="disk tier"):
         saver.set_disk_backup_dir("/tmp")
     with pytest.raises(ValueError, match="requires enable_cpu_backup"):
         with saver.region(cpu_backup_backend="pinned"):

@@ -18,6 +18,7 @@ from other libraries by changing an import, ``tagmem.compat.torch_memory_saver``
 from ._api import (
     BACKUP,
     DISCARD,
+    DISK,
     current_tag,
     empty_cache,
     exists,
@@ -34,6 +35,8 @@ from ._api import (
     raw_free,
     reload,
     resident,
+    set_disk_dir,
+    set_disk_file_bytes,
     set_keep_backup,
     set_memory_margin,
     shutdown,
@@ -51,6 +54,7 @@ from ._api import (
     plan_offload,
 )
 from ._errors import (
+    DiskIOError,
     DriverError,
     ForkedError,
     HostOutOfMemoryError,
@@ -75,6 +79,8 @@ __version__ = "1.0.0"
 __all__ = [
     "BACKUP",
     "DISCARD",
+    "DISK",
+    "DiskIOError",
     "DriverError",
     "ForkedError",
     "HostOutOfMemoryError",
@@ -115,6 +121,8 @@ __all__ = [
     "raw_free",
     "reload",
     "resident",
+    "set_disk_dir",
+    "set_disk_file_bytes",
     "set_keep_backup",
     "set_memory_margin",
     "shutdown",

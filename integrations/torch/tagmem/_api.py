@@ -5,7 +5,8 @@ from its status (see _errors). Arguments are checked before the call (see _args)
 a device beyond a C int or a name with a NUL raises InvalidArgumentError instead of being
 converted into something else. Devices are CUDA ordinals; ``None`` means the calling thread's
 current CUDA device (TAGMEM_CURRENT_DEVICE: the device of its current context, device 0 when it
-has none). Modes are ``"backup"`` / ``"discard"`` or the BACKUP / DISCARD constants.
+has none). Modes are ``"backup"`` / ``"discard"`` / ``"disk"`` or the BACKUP / DISCARD / DISK
+constants.
 """
 
 import contextlib
@@ -16,8 +17,9 @@ from . import _args, _errors, _lib
 
 BACKUP = 0
 DISCARD = 1
-_MODES = {"backup": BACKUP, "discard": DISCARD, BACKUP: BACKUP, DISCARD: DISCARD}
-_STATES = {0: "resident", 1: "offloaded_backup", 2: "offloaded_discard"}
+DISK = 2  # TAGMEM_BACKUP_DISK: to files in the disk directory (set_disk_dir, TAGMEM_DISK_DIR)
+_MODES = {"backup": BACKUP, "discard": DISCARD, "disk": DISK, BACKUP: BACKUP, DISCARD: DISCARD, DISK: DISK}
+_STATES = {0: "resident", 1: "offloaded_backup", 2: "offloaded_discard", 3: "offloaded_disk"}
 
 
 _device = _args.device
@@ -28,7 +30,7 @@ def _mode(mode):
     try:
         return _MODES[mode.lower() if isinstance(mode, str) else mode]
     except (KeyError, TypeError):
-        raise _errors.error_for(1, f"offload mode {mode!r}: expected 'backup' or 'discard'") from None
+        raise _errors.error_for(1, f"offload mode {mode!r}: expected 'backup', 'discard' or 'disk'") from None
 
 
 def _names(tags):
@@ -478,3 +480,18 @@ def set_memory_margin(nbytes):
 def memory_margin():
     """The margin set by set_memory_margin (0: none)."""
     return int(_lib.lib().tagmem_memory_margin())
+
+
+def set_disk_dir(path=None):
+    """Sets the directory that offloads in mode DISK write their files to (it must exist; a real
+    disk, not tmpfs). None goes back to TAGMEM_DISK_DIR."""
+    path = None if path is None else str(path)
+    if path is not None and "\0" in path:
+        raise _errors.error_for(1, f"disk directory {path!r} contains a NUL character")
+    raw = None if path is None else path.encode()
+    _errors.check(_lib.lib().tagmem_set_disk_dir(raw))
+
+
+def set_disk_file_bytes(nbytes=0):
+    """Sets the largest file a DISK offload writes (a multiple of 1 MiB; 0: TAGMEM_DISK_FILE_BYTES)."""
+    _errors.check(_lib.lib().tagmem_set_disk_file_bytes(_args.size(nbytes)))

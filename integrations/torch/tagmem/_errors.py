@@ -78,6 +78,11 @@ class ForkedError(TagmemError):
     every call fails so (use tagmem in the parent, or the 'spawn' start method)."""
 
 
+class DiskIOError(TagmemError, builtins.OSError):
+    """TAGMEM_ERROR_IO: a disk backup file could not be made, written or read back whole and
+    unchanged (a full disk, an I/O error, a truncated or changed file); the message names it."""
+
+
 _BY_STATUS = {
     1: InvalidArgumentError,
     2: UnknownTagError,
@@ -93,6 +98,7 @@ _BY_STATUS = {
     12: TagmemTimeoutError,
     13: InternalError,
     14: ForkedError,
+    15: DiskIOError,
 }
 
 

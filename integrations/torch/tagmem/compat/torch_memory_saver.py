@@ -42,8 +42,9 @@ from ._tms_env import configure_subprocess, install, uninstall
 
 _TAG_DEFAULT = "default"
 _NO_DISK = (
-    "tagmem has no disk tier: use enable_cpu_backup=True (pinned host memory), or keep the "
-    "bytes yourself (get_cpu_backup() while paused, tagmem.host_pieces())"
+    "the drop-in does not route regions to tagmem's disk tier: offload the tag with "
+    "tagmem.offload(tag, mode='disk') (docs/disk.md), use enable_cpu_backup=True (pinned host "
+    "memory), or keep the bytes yourself (get_cpu_backup() while paused, tagmem.host_pieces())"
 )
 
 

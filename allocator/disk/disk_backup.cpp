@@ -1,0 +1,107 @@
+// disk_backup.cpp — streaming a tag to files and back (Note [disk streaming] in disk_backup.hpp).
+#include "disk/disk_backup.hpp"
+
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+#include <exception>
+#include <functional>
+#include <mutex>
+#include <thread>
+
+#include "base/error.hpp"
+#include "driver/context_guard.hpp"
+#include "driver/driver.hpp"
+
+namespace tagmem {
+namespace {
+
+// Runs work(i, bounce) for every i in [0, count) on up to `depth` threads, each with its own
+// pinned bounce buffer of `buffer_bytes`. Stops handing out pieces at the first failure and
+// rethrows it once every thread has finished.
+void for_each_piece(device& dev, std::size_t count, int depth, std::size_t buffer_bytes,
+                    const std::function<void(std::size_t, char*)>& work) {
+  if (count == 0) return;
+  std::atomic<std::size_t> next{0};
+  std::atomic<bool> stop{false};
+  std::mutex error_mutex;
+  std::exception_ptr first;
+  auto worker = [&]() noexcept {
+    void* bounce = nullptr;
+    try {
+      context_guard guard(dev.context());
+      TAGMEM_CU(cuMemHostAlloc, &bounce, buffer_bytes, 0u);
+      for (std::size_t i; !stop.load() && (i = next.fetch_add(1)) < count;) {
+        work(i, static_cast<char*>(bounce));
+      }
+    } catch (...) {
+      std::lock_guard lock(error_mutex);
+      if (!first) first = std::current_exception();
+      stop = true;
+    }
+    if (bounce) driver::api().cuMemFreeHost(bounce);
+  };
+  const std::size_t threads = std::min<std::size_t>(static_cast<std::size_t>(depth), count);
+  std::vector<std::thread> pool;
+  try {
+    for (std::size_t i = 1; i < threads; ++i) pool.emplace_back(worker);
+  } catch (...) {  // fewer threads than asked: the ones running take every piece
+  }
+  worker();
+  for (std::thread& t : pool) t.join();
+  if (first) std::rethrow_exception(first);
+}
+
+}  // namespace
+
+std::uint64_t disk_checksum(const void* data, std::size_t n) noexcept {
+  const auto* p = static_cast<const unsigned char*>(data);
+  std::uint64_t h = 0x9e3779b97f4a7c15ull ^ n;
+  std::size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    std::uint64_t w;
+    std::memcpy(&w, p + i, 8);
+    h = (h ^ w) * 0x100000001b3ull;
+    h ^= h >> 29;
+  }
+  for (; i < n; ++i) h = (h ^ p[i]) * 0x100000001b3ull;
+  return h ^ (h >> 32);
+}
+
+std::unique_ptr<disk_backup> write_disk_backup(device& dev, tag& t, const disk_settings& s) {
+  auto b = std::make_unique<disk_backup>();
+  for (const auto& [va, m] : t.arena().mappings()) {
+    if (!m.resident) continue;
+    for (std::size_t start = 0; start < m.size; start += s.file_bytes) {
+      b->files.push_back(std::make_unique<disk_file>(s.dir));  // Note [disk files]
+      const std::size_t file = b->files.size() - 1;
+      const std::size_t end = std::min(m.size, start + s.file_bytes);
+      for (std::size_t at = start; at < end; at += s.piece_bytes) {
+        b->pieces.push_back(
+            {va + at, std::min(s.piece_bytes, end - at), file, static_cast<off_t>(at - start), 0});
+      }
+    }
+    b->bytes += m.size;
+  }
+  for_each_piece(dev, b->pieces.size(), s.depth, s.piece_bytes, [&](std::size_t i, char* bounce) {
+    disk_piece& p = b->pieces[i];
+    TAGMEM_CU(cuMemcpyDtoH, bounce, p.dev, p.bytes);
+    p.checksum = disk_checksum(bounce, p.bytes);
+    b->files[p.file]->write_all(bounce, p.bytes, p.offset);
+  });
+  return b;
+}
+
+void read_disk_backup(device& dev, disk_backup& b, const disk_settings& s) {
+  for_each_piece(dev, b.pieces.size(), s.depth, s.piece_bytes, [&](std::size_t i, char* bounce) {
+    const disk_piece& p = b.pieces[i];
+    disk_file& f = *b.files[p.file];
+    f.read_all(bounce, p.bytes, p.offset);
+    TAGMEM_EXPECTS(disk_checksum(bounce, p.bytes) == p.checksum, TAGMEM_ERROR_IO,
+                   "disk backup file " + f.path() + " holds other bytes at offset " +
+                       std::to_string(p.offset) + " than were written (checksum mismatch)");
+    TAGMEM_CU(cuMemcpyHtoD, p.dev, bounce, p.bytes);
+  });
+}
+
+}  // namespace tagmem

@@ -1,0 +1,62 @@
+// disk_backup.hpp — a tag's bytes in files: written from the device and read back, streamed.
+//
+// Note [disk streaming]: a tag's resident mappings go to one file each (Note [disk files]), or
+// several when a mapping is larger than TAGMEM_DISK_FILE_BYTES, cut into pieces of
+// TAGMEM_DISK_PIECE_BYTES. TAGMEM_DISK_DEPTH threads each own a pinned bounce
+// buffer of one piece and take the next piece in turn: a device-to-host copy into the buffer,
+// then the write (or, reloading, the read, then the copy to the device). So that many requests
+// are in flight at once, on the disk and on PCIe, and host memory holds depth pieces, never the
+// tag. Each piece's checksum is taken from the bounce buffer before it is written and checked
+// after it is read back, before anything reaches the device: a reload never puts bytes the
+// disk changed into a tag.
+#pragma once
+
+#include <cuda.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "disk/disk_file.hpp"
+#include "tags/tag.hpp"
+
+namespace tagmem {
+
+struct disk_settings {
+  std::string dir;              // TAGMEM_DISK_DIR or tagmem_set_disk_dir()
+  std::size_t piece_bytes = 0;  // TAGMEM_DISK_PIECE_BYTES
+  std::size_t file_bytes = 0;   // TAGMEM_DISK_FILE_BYTES or tagmem_set_disk_file_bytes()
+  int depth = 0;                // TAGMEM_DISK_DEPTH
+};
+
+struct disk_piece {
+  CUdeviceptr dev = 0;
+  std::size_t bytes = 0;
+  std::size_t file = 0;  // index into disk_backup::files
+  off_t offset = 0;
+  std::uint64_t checksum = 0;
+};
+
+class disk_backup : public tag_attachment {
+ public:
+  std::vector<std::unique_ptr<disk_file>> files;  // removed with the backup
+  std::vector<disk_piece> pieces;
+  std::size_t bytes = 0;
+};
+
+// Writes the tag's resident mappings to new files in s.dir. Throws (IO for the disk, DRIVER,
+// HOST_OUT_OF_MEMORY for the bounce buffers) with every file it made removed; the tag is not
+// changed either way.
+std::unique_ptr<disk_backup> write_disk_backup(device& dev, tag& t, const disk_settings& s);
+
+// Copies every piece of `b` back to the device (its ranges must be mapped). Throws IO on a read
+// error, a short file or a checksum that does not match; pieces already copied stay copied.
+void read_disk_backup(device& dev, disk_backup& b, const disk_settings& s);
+
+// The checksum kept per piece (64-bit, not cryptographic: it catches a disk that returns other
+// bytes than it was given).
+std::uint64_t disk_checksum(const void* data, std::size_t n) noexcept;
+
+}  // namespace tagmem

@@ -1,0 +1,274 @@
+// disk_test.cpp — TAGMEM_BACKUP_DISK: tags offloaded to files and reloaded byte for byte, with
+// the file system's failures injected through the disk tier's seam (disk/disk_io.hpp): a full
+// disk, EIO, short writes, and files removed, truncated or changed before the reload. Each
+// failure is an error with a message, the tag keeps its bytes, and no file stays behind.
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <string>
+
+#include "disk/disk_io.hpp"
+#include "test_support.hpp"
+
+namespace tagmem::test {
+namespace {
+
+namespace fs = std::filesystem;
+
+// Fails the n-th pwrite or pread (counting from 1) with `err`, or makes writes short.
+class faulty_io : public disk_io {
+ public:
+  std::atomic<int> writes{0}, reads{0};
+  int fail_write_at = 0, fail_read_at = 0, write_errno = 0, read_errno = 0;
+  bool halve_writes = false;  // every write does half of what it is asked (a short write)
+  bool zero_writes = false;   // every write makes no progress
+
+  ssize_t pwrite(int fd, const void* buf, std::size_t n, off_t offset) override {
+    const int k = ++writes;
+    if (k == fail_write_at) {
+      errno = write_errno;
+      return -1;
+    }
+    if (zero_writes) return 0;
+    if (halve_writes && n > 1) n /= 2;
+    return disk_io::pwrite(fd, buf, n, offset);
+  }
+  ssize_t pread(int fd, void* buf, std::size_t n, off_t offset) override {
+    const int k = ++reads;
+    if (k == fail_read_at) {
+      errno = read_errno;
+      return -1;
+    }
+    return disk_io::pread(fd, buf, n, offset);
+  }
+};
+
+class Disk : public tagmem_test {
+ protected:
+  void SetUp() override {
+    tagmem_test::SetUp();
+    char tmpl[] = "/tmp/tagmem_disk_test_XXXXXX";
+    ASSERT_NE(mkdtemp(tmpl), nullptr);
+    dir_ = tmpl;
+    TAGMEM_OK(tagmem_set_disk_dir(dir_.c_str()));
+    TAGMEM_OK(tagmem_set_disk_file_bytes(2 << 20));  // several files per mapping
+  }
+  void TearDown() override {
+    replace_disk_io(nullptr);
+    tagmem_test::TearDown();
+    std::error_code ec;
+    EXPECT_EQ(files().size(), 0u) << "files left in " << dir_ << " after shutdown";
+    fs::remove_all(dir_, ec);
+  }
+  std::vector<std::string> files() const {
+    std::vector<std::string> out;
+    std::error_code ec;
+    for (const auto& e : fs::directory_iterator(dir_, ec)) out.push_back(e.path().string());
+    return out;
+  }
+  std::uintmax_t disk_bytes() const {
+    std::uintmax_t n = 0;
+    for (const auto& f : files()) n += fs::file_size(f);
+    return n;
+  }
+  static tagmem_status offload(const char* tag) {
+    const char* tags[] = {tag};
+    return tagmem_offload(tags, 1, 0, TAGMEM_BACKUP_DISK);
+  }
+  static tagmem_status reload(const char* tag) {
+    const char* tags[] = {tag};
+    return tagmem_reload(tags, 1, 0);
+  }
+  std::string dir_;
+};
+
+std::size_t mapped_bytes_of(const char* tag) {
+  tagmem_tag_stats s{};
+  EXPECT_EQ(tagmem_tag_stats_get(tag, 0, &s), TAGMEM_SUCCESS) << tagmem_last_error();
+  return s.mapped_bytes;
+}
+
+TEST_F(Disk, OffloadAndReloadKeepEveryByteAndLeaveNoFile) {
+  auto rng = rng_for_test();
+  auto all = fill(rng, "w", 3, (5 << 20) + 4321);
+  auto small = fill(rng, "w", 4, 777);
+  all.insert(all.end(), small.begin(), small.end());
+  std::uintmax_t first_size = 0;
+  for (int cycle = 0; cycle < 3; ++cycle) {
+    TAGMEM_OK(offload("w"));
+    EXPECT_EQ(state_of("w"), TAGMEM_OFFLOADED_DISK);
+    EXPECT_EQ(mapped_bytes_of("w"), 0u);
+    EXPECT_GE(files().size(), 2u) << "files of at most 2 MiB";
+    EXPECT_GE(disk_bytes(), 3u * ((5 << 20) + 4321));
+    if (cycle == 0) first_size = disk_bytes();
+    EXPECT_EQ(disk_bytes(), first_size) << "disk usage changed across cycles";
+    TAGMEM_OK(reload("w"));
+    EXPECT_EQ(state_of("w"), TAGMEM_RESIDENT);
+    EXPECT_EQ(corrupted(all), 0u);
+    EXPECT_EQ(files().size(), 0u) << "a reload left its files";
+    refill(rng, all);
+  }
+  free_all(all);
+}
+
+TEST_F(Disk, SeveralTagsAndOtherModesReloadTogether) {
+  auto rng = rng_for_test();
+  auto a = fill(rng, "a", 2, 3 << 20);
+  auto b = fill(rng, "b", 2, 3 << 20);
+  const char* both[] = {"a", "b"};
+  TAGMEM_OK(tagmem_offload(both, 1, 0, TAGMEM_BACKUP));
+  TAGMEM_OK(offload("b"));
+  EXPECT_EQ(state_of("a"), TAGMEM_OFFLOADED_BACKUP);
+  EXPECT_EQ(state_of("b"), TAGMEM_OFFLOADED_DISK);
+  const char* in[] = {"b", "a"};
+  TAGMEM_FAILS_WITH(tagmem_swap(nullptr, 0, in, 1, 0, TAGMEM_BACKUP),
+                    TAGMEM_ERROR_INVALID_ARGUMENT);
+  TAGMEM_OK(tagmem_reload(in, 2, 0));
+  EXPECT_EQ(corrupted(a), 0u);
+  EXPECT_EQ(corrupted(b), 0u);
+  EXPECT_EQ(files().size(), 0u);
+}
+
+TEST_F(Disk, WithoutADirectoryTheOffloadIsRefused) {
+  auto rng = rng_for_test();
+  auto all = fill(rng, "w", 1, 1 << 20);
+  TAGMEM_FAILS_WITH(tagmem_set_disk_dir("/nonexistent/tagmem"), TAGMEM_ERROR_INVALID_ARGUMENT);
+  TAGMEM_OK(tagmem_set_disk_dir(nullptr));  // TAGMEM_DISK_DIR, unset here
+  TAGMEM_FAILS_WITH(offload("w"), TAGMEM_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(state_of("w"), TAGMEM_RESIDENT);
+  EXPECT_EQ(corrupted(all), 0u);
+  const char* tags[] = {"w"};
+  TAGMEM_FAILS_WITH(tagmem_swap(tags, 1, nullptr, 0, 0, TAGMEM_BACKUP_DISK),
+                    TAGMEM_ERROR_INVALID_ARGUMENT);
+}
+
+TEST_F(Disk, ShortWritesGoOnAndAWriteWithoutProgressFails) {
+  auto rng = rng_for_test();
+  auto all = fill(rng, "w", 2, (3 << 20) + 5);
+  faulty_io io;
+  io.halve_writes = true;
+  replace_disk_io(&io);
+  TAGMEM_OK(offload("w"));
+  EXPECT_GT(io.writes.load(), 2);
+  TAGMEM_OK(reload("w"));
+  EXPECT_EQ(corrupted(all), 0u);
+
+  io.halve_writes = false;
+  io.zero_writes = true;
+  TAGMEM_FAILS_WITH(offload("w"), TAGMEM_ERROR_IO);
+  EXPECT_NE(std::string(tagmem_last_error()).find("short write"), std::string::npos)
+      << tagmem_last_error();
+  EXPECT_EQ(state_of("w"), TAGMEM_RESIDENT);
+  EXPECT_EQ(corrupted(all), 0u);
+  EXPECT_EQ(files().size(), 0u);
+}
+
+class DiskWriteFault : public Disk, public ::testing::WithParamInterface<int> {};
+
+// A full disk or an I/O error on a write, first or later: the tag stays resident with its bytes.
+TEST_P(DiskWriteFault, TheTagStaysResidentWithItsBytes) {
+  auto rng = rng_for_test();
+  restart_with_env("TAGMEM_DISK_PIECE_BYTES", "1MiB");  // many writes
+  TAGMEM_OK(tagmem_set_disk_dir(dir_.c_str()));
+  TAGMEM_OK(tagmem_set_disk_file_bytes(2 << 20));
+  auto all = fill(rng, "w", 3, (4 << 20) + 99);
+  faulty_io io;
+  io.write_errno = GetParam();
+  for (int at : {1, 3, 6}) {
+    io.writes = 0;
+    io.fail_write_at = at;
+    replace_disk_io(&io);
+    TAGMEM_FAILS_WITH(offload("w"), TAGMEM_ERROR_IO);
+    EXPECT_NE(std::string(tagmem_last_error()).find(std::strerror(GetParam())), std::string::npos)
+        << tagmem_last_error();
+    EXPECT_EQ(state_of("w"), TAGMEM_RESIDENT);
+    EXPECT_EQ(corrupted(all), 0u);
+    EXPECT_EQ(files().size(), 0u) << "a failed offload left files";
+  }
+  replace_disk_io(nullptr);
+  TAGMEM_OK(offload("w"));  // and the next try works
+  TAGMEM_OK(reload("w"));
+  EXPECT_EQ(corrupted(all), 0u);
+}
+
+INSTANTIATE_TEST_SUITE_P(Errors, DiskWriteFault, ::testing::Values(ENOSPC, EIO));
+
+TEST_F(Disk, AReadErrorLeavesTheTagOffloadedAndARetryWorks) {
+  auto rng = rng_for_test();
+  auto all = fill(rng, "w", 3, (4 << 20) + 1);
+  TAGMEM_OK(offload("w"));
+  const std::size_t on_disk = files().size();
+  faulty_io io;
+  io.read_errno = EIO;
+  io.fail_read_at = 2;
+  replace_disk_io(&io);
+  TAGMEM_FAILS_WITH(reload("w"), TAGMEM_ERROR_IO);
+  EXPECT_EQ(state_of("w"), TAGMEM_OFFLOADED_DISK);
+  EXPECT_EQ(mapped_bytes_of("w"), 0u);
+  EXPECT_EQ(files().size(), on_disk);
+  replace_disk_io(nullptr);
+  TAGMEM_OK(reload("w"));
+  EXPECT_EQ(corrupted(all), 0u);
+  EXPECT_EQ(files().size(), 0u);
+}
+
+TEST_F(Disk, AFileRemovedBeforeReloadIsStillReadThroughItsDescriptor) {
+  auto rng = rng_for_test();
+  auto all = fill(rng, "w", 2, (3 << 20) + 17);
+  TAGMEM_OK(offload("w"));
+  for (const auto& f : files()) ASSERT_EQ(::unlink(f.c_str()), 0);
+  TAGMEM_OK(reload("w"));
+  EXPECT_EQ(corrupted(all), 0u);
+}
+
+TEST_F(Disk, ATruncatedFileIsAnErrorAndTheTagStaysOffloaded) {
+  auto rng = rng_for_test();
+  auto all = fill(rng, "w", 2, (3 << 20) + 17);
+  TAGMEM_OK(offload("w"));
+  auto names = files();
+  ASSERT_FALSE(names.empty());
+  ASSERT_EQ(::truncate(names.back().c_str(), 4096), 0);
+  TAGMEM_FAILS_WITH(reload("w"), TAGMEM_ERROR_IO);
+  EXPECT_NE(std::string(tagmem_last_error()).find("truncated"), std::string::npos)
+      << tagmem_last_error();
+  EXPECT_EQ(state_of("w"), TAGMEM_OFFLOADED_DISK);
+  EXPECT_EQ(mapped_bytes_of("w"), 0u);
+  TAGMEM_FAILS_WITH(reload("w"), TAGMEM_ERROR_IO);  // those bytes are gone: it fails again
+  EXPECT_EQ(state_of("w"), TAGMEM_OFFLOADED_DISK);
+}
+
+TEST_F(Disk, ChangedBytesOnDiskFailTheChecksum) {
+  auto rng = rng_for_test();
+  auto all = fill(rng, "w", 1, 3 << 20);
+  TAGMEM_OK(offload("w"));
+  auto names = files();
+  ASSERT_FALSE(names.empty());
+  const int fd = ::open(names.front().c_str(), O_WRONLY);
+  ASSERT_GE(fd, 0);
+  const auto junk = random_bytes(rng, 512);
+  ASSERT_EQ(::pwrite(fd, junk.data(), junk.size(), 8192), 512);
+  ::close(fd);
+  TAGMEM_FAILS_WITH(reload("w"), TAGMEM_ERROR_IO);
+  EXPECT_NE(std::string(tagmem_last_error()).find("checksum"), std::string::npos)
+      << tagmem_last_error();
+  EXPECT_EQ(state_of("w"), TAGMEM_OFFLOADED_DISK);
+}
+
+TEST_F(Disk, ShutdownRemovesTheFilesOfTagsStillOnDisk) {
+  auto rng = rng_for_test();
+  auto all = fill(rng, "w", 2, 2 << 20);
+  TAGMEM_OK(offload("w"));
+  EXPECT_GE(files().size(), 1u);
+  ASSERT_EQ(tagmem_shutdown(), TAGMEM_SUCCESS) << tagmem_last_error();
+  EXPECT_EQ(files().size(), 0u);
+  ASSERT_EQ(tagmem_init(nullptr), TAGMEM_SUCCESS) << tagmem_last_error();
+}
+
+}  // namespace
+}  // namespace tagmem::test
