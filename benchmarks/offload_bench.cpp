@@ -4,7 +4,7 @@
 // verification or any call failed.
 //
 //   tagmem_bench_offload [--scenarios=raw,weights,weights_prepinned,many_small,kv,swap,swap_tight,
-//                                     rl_cycle,rl_two_process]
+//                                     rl_cycle,rl_two_process,disk]
 //                        [--scale=1] [--cycles=5] [--swap-cycles=3] [--small-count=10240]
 //                        [--kv-bytes=60G] [--link-bytes=4G] [--tsv=results.tsv]
 //                        [--link=H2D,D2H,BIDIR]
@@ -140,6 +140,7 @@ int main(int argc, char** argv) {
         {"swap", [&] { run_swap(e, false); }},
         {"swap_tight", [&] { run_swap(e, true); }},
         {"rl_cycle", [&] { run_rl_cycle(e); }},
+        {"disk", [&] { run_disk(e); }},
         {"rl_two_process",
          [&] {
            run_rl_two_process(

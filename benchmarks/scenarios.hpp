@@ -55,6 +55,8 @@ void run_weights(env& e, const std::string& name, const std::vector<std::size_t>
 void run_kv_cache(env& e);
 void run_swap(env& e, bool tight);
 void run_rl_cycle(env& e);
+// TAGMEM_BACKUP_DISK beside the disk's own rate (TAGMEM_BENCH_DISK_DIR; not in the default list).
+void run_disk(env& e);
 // The two-process variant starts this program twice with --rl-role and `child_args` (the sizes);
 // run_rl_role is what such a child runs (returns its exit status).
 void run_rl_two_process(env& e, const std::vector<std::string>& child_args);
