@@ -289,12 +289,19 @@ void registry::offload(const char* const* names, std::size_t count, int ordinal,
   if (list.empty()) return;
   host_store& hs = store(ordinal);
   device& d = dev(ordinal);
+  auto refuse_offloaded = [](tag* t) {
+    TAGMEM_EXPECTS(!t->offloaded() || t->partial(), TAGMEM_ERROR_TAG_OFFLOADED,
+                   std::string("tag '") + t->name() + "' is already offloaded");
+    // A disk offload that stopped part way: its files hold what is unmapped (Note [disk tier]).
+    TAGMEM_EXPECTS(!t->offloaded() || t->mode() != TAGMEM_BACKUP_DISK, TAGMEM_ERROR_TAG_OFFLOADED,
+                   std::string("tag '") + t->name() +
+                       "' is partly offloaded to disk; reload it before offloading it again");
+  };
   if (mode == TAGMEM_BACKUP_DISK) {  // Note [disk tier]: written before the call returns
     after_operation noted{[&]() noexcept { note_offloaded(ordinal); }};
     multi_lock lock(list);
     for (tag* t : list) {
-      TAGMEM_EXPECTS(!t->offloaded() || t->partial(), TAGMEM_ERROR_TAG_OFFLOADED,
-                     std::string("tag '") + t->name() + "' is already offloaded");
+      refuse_offloaded(t);
       TAGMEM_EXPECTS(
           !t->offloaded(), TAGMEM_ERROR_TAG_OFFLOADED,
           std::string("tag '") + t->name() +
@@ -308,12 +315,12 @@ void registry::offload(const char* const* names, std::size_t count, int ordinal,
     offload_to_disk(d, list.data(), list.size(), hs, cfg_, s);
     return;
   }
-  auto body = [this, list, &hs, &d, ordinal, mode](const std::function<void()>& queued) {
+  auto body = [this, list, &hs, &d, ordinal, mode,
+               refuse_offloaded](const std::function<void()>& queued) {
     after_operation noted{[&]() noexcept { note_offloaded(ordinal); }};
     multi_lock lock(list);
     for (tag* t : list) {
-      TAGMEM_EXPECTS(!t->offloaded() || t->partial(), TAGMEM_ERROR_TAG_OFFLOADED,
-                     std::string("tag '") + t->name() + "' is already offloaded");
+      refuse_offloaded(t);
     }
     refuse_if_imported(list, "offloaded");
     offload_tags(d, list.data(), list.size(), mode, hs, cfg_, queued);

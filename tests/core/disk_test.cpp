@@ -260,6 +260,35 @@ TEST_F(Disk, ChangedBytesOnDiskFailTheChecksum) {
   EXPECT_EQ(state_of("w"), TAGMEM_OFFLOADED_DISK);
 }
 
+class EmulatorDisk : public Disk {};
+
+// The pipeline fails while unmapping after the files are written: the tag it restored is resident
+// again with the bytes read back from the files (a DISCARD restore alone would not have them).
+TEST_F(EmulatorDisk, AnUnmapThatFailsLeavesTheTagResidentWithItsBytes) {
+  ASSERT_TRUE(emulator().fail_call && emulator().clear_faults);
+  auto rng = rng_for_test();
+  auto all = fill(rng, "w", 4, (24 << 20) + 3);  // one mapping each
+  ASSERT_EQ(emulator().fail_call("cuMemUnmap", 2, CUDA_ERROR_UNKNOWN), 0);
+  const tagmem_status s = offload("w");
+  emulator().clear_faults();
+  EXPECT_NE(s, TAGMEM_SUCCESS);
+  const tagmem_tag_state st = state_of("w");
+  if (st == TAGMEM_RESIDENT) {
+    EXPECT_EQ(corrupted(all), 0u);
+    EXPECT_EQ(files().size(), 0u);
+  } else {  // left partial: it keeps its files, refuses another offload, and reloads whole
+    EXPECT_EQ(st, TAGMEM_OFFLOADED_DISK);
+    TAGMEM_FAILS_WITH(offload("w"), TAGMEM_ERROR_TAG_OFFLOADED);
+    const char* tags[] = {"w"};
+    TAGMEM_FAILS_WITH(tagmem_offload(tags, 1, 0, TAGMEM_BACKUP), TAGMEM_ERROR_TAG_OFFLOADED);
+    TAGMEM_OK(reload("w"));
+    EXPECT_EQ(corrupted(all), 0u);
+  }
+  TAGMEM_OK(offload("w"));  // and a later one works
+  TAGMEM_OK(reload("w"));
+  EXPECT_EQ(corrupted(all), 0u);
+}
+
 TEST_F(Disk, ShutdownRemovesTheFilesOfTagsStillOnDisk) {
   auto rng = rng_for_test();
   auto all = fill(rng, "w", 2, 2 << 20);
