@@ -74,19 +74,43 @@ void host_store::add_slab(pinned_slab r, std::size_t& added) {
   changed_.notify_all();
 }
 
-std::size_t host_store::budget_locked(std::size_t headroom) const {
-  std::size_t budget = stats_.pinned_bytes + std::min(headroom, SIZE_MAX - stats_.pinned_bytes);
+std::size_t host_store::budget_locked(std::size_t headroom, std::size_t pinned) const {
+  std::size_t budget = pinned + std::min(headroom, SIZE_MAX - pinned);
   return max_bytes_ ? std::min(budget, max_bytes_) : budget;
 }
 
+void host_store::set_memory_source(memory_source source, void* context) noexcept {
+  std::lock_guard lock(mutex_);
+  memory_source_ = source;
+  memory_context_ = context;
+}
+
+host_store::memory_reading host_store::read_memory() {
+  memory_reading r;
+  memory_source source = nullptr;
+  void* context = nullptr;
+  {
+    std::lock_guard lock(mutex_);
+    r.pinned_before = stats_.pinned_bytes;
+    source = memory_source_;
+    context = memory_context_;
+  }
+  r.memory = source ? source(context) : read_host_memory();  // file reads: outside the lock
+  return r;
+}
+
 // Note [host budget]: the room is taken from the budget under the lock, before any page is
-// touched, so that growths on several threads cannot together pass it.
+// touched, so that growths on several threads cannot together pass it. The figures are read
+// outside the lock (file reads), so a slab pinned by another growth meanwhile may be missing
+// from what they say is available while already counted as pinned: such a slab would count
+// twice. The budget counts as pinned only what was pinned both before the read and now.
 std::size_t host_store::claim(std::size_t need, std::size_t asked, const char* what) {
-  const host_memory m = read_host_memory();  // file reads: outside the lock
-  const std::size_t headroom = host_headroom(m);
+  const memory_reading r = read_memory();
+  const host_memory& m = r.memory;
   std::lock_guard lock(mutex_);
   const std::size_t held = stats_.pinned_bytes + growing_;
-  const std::size_t budget = budget_locked(headroom);
+  const std::size_t budget =
+      budget_locked(host_headroom(m), std::min(r.pinned_before, stats_.pinned_bytes));
   const std::size_t room = (budget - std::min(budget, held)) / kPage * kPage;
   if (need > room) {
     std::string why =
@@ -128,23 +152,35 @@ void host_store::grow(std::size_t need, std::size_t asked, const char* what) {
                [this, &added](pinned_slab r) { add_slab(r, added); });
 }
 
-meta_vector<host_extent> host_store::acquire(std::size_t bytes) {
+meta_vector<host_extent> host_store::acquire(std::size_t bytes) { return acquire(bytes, {}); }
+
+meta_vector<host_extent> host_store::acquire(std::size_t bytes,
+                                             const meta_vector<host_extent>& replacing) {
+  std::size_t given = 0;
+  for (const host_extent& e : replacing) given += e.size;
   std::unique_lock lock(mutex_);
-  while (free_bytes_locked() < bytes) {
+  while (free_bytes_locked() + given < bytes) {
     if (background_running_ && stats_.pinned_bytes < target_bytes_) {
       changed_.wait(lock);  // a reserve() is pinning; its slabs may be enough
       continue;
     }
-    std::size_t need = bytes - free_bytes_locked();
+    std::size_t need = bytes - given - free_bytes_locked();
     lock.unlock();
     grow(need, bytes, "a backup");  // throws with nothing taken
     lock.lock();
   }
   meta_vector<host_extent> out;
+  // Freeing only merges ranges: this many extents are enough, and reserving them is the last
+  // step that may throw, before anything changed.
+  out.reserve(free_.size() + replacing.size());
+  for (const host_extent& e : replacing) {
+    give_back_locked(e.ptr, e.size);
+    stats_.used_bytes -= e.size;
+  }
   std::size_t left = bytes;
   for (auto it = free_.begin(); left && it != free_.end();) {
     std::size_t take = std::min(left, it->second);
-    out.push_back({it->first, take});  // may throw bad_alloc before anything changed below
+    out.push_back({it->first, take});
     auto slab_it = std::prev(slabs_.upper_bound(it->first));
     slab_it->second.used += take;
     char* start = it->first;
@@ -290,10 +326,11 @@ void host_store::trim(std::size_t keep_bytes) {
 }
 
 host_store_stats host_store::stats() {
-  const std::size_t headroom = host_headroom(read_host_memory());  // outside the lock
+  const memory_reading r = read_memory();
   std::lock_guard lock(mutex_);
   host_store_stats s = stats_;
-  s.budget_bytes = budget_locked(headroom);
+  s.budget_bytes =
+      budget_locked(host_headroom(r.memory), std::min(r.pinned_before, stats_.pinned_bytes));
   return s;
 }
 

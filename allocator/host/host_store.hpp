@@ -19,6 +19,7 @@
 #include <string>
 #include <thread>
 
+#include "host/host_budget.hpp"
 #include "host/host_pinning.hpp"
 #include "host/metadata_heap.hpp"
 
@@ -50,6 +51,10 @@ class host_store {
   // Extents adding up to exactly `bytes`, pinning what free space lacks. Throws
   // HOST_OUT_OF_MEMORY / DRIVER with nothing taken (slabs pinned on the way stay in the store).
   meta_vector<host_extent> acquire(std::size_t bytes);
+  // The same, in exchange for `replacing` (extents the caller holds, given back only when the
+  // new ones are taken, so that they may serve the request): on success the caller no longer
+  // holds them; on a throw it still does, their bytes untouched.
+  meta_vector<host_extent> acquire(std::size_t bytes, const meta_vector<host_extent>& replacing);
   void release(const meta_vector<host_extent>& extents) noexcept;
 
   // How reserve() grows the store.
@@ -66,6 +71,11 @@ class host_store {
 
   host_store_stats stats();
 
+  // Where the figures of Note [host budget] come from: read_host_memory() unless a test gives
+  // its own (called without the store's lock, on the thread that grows the store).
+  using memory_source = host_memory (*)(void* context);
+  void set_memory_source(memory_source source, void* context) noexcept;
+
  private:
   struct slab {
     std::size_t size;
@@ -78,7 +88,15 @@ class host_store {
   void add_slab(pinned_slab r, std::size_t& added);  // adds to `added` under the lock
   void give_back_locked(char* ptr, std::size_t size);
   std::size_t free_bytes_locked() const;
-  std::size_t budget_locked(std::size_t headroom) const;  // Note [host budget]
+  // Note [host budget], counting `pinned` as pinned.
+  std::size_t budget_locked(std::size_t headroom, std::size_t pinned) const;
+  // The figures of Note [host budget] and what was pinned just before they were read; takes
+  // the lock briefly, so call without it.
+  struct memory_reading {
+    host_memory memory;
+    std::size_t pinned_before = 0;
+  };
+  memory_reading read_memory();
   void background_loop();
   void stop_background(std::unique_lock<std::mutex>& lock);
 
@@ -96,6 +114,8 @@ class host_store {
   meta_map<char*, slab> slabs_;        // by base
   meta_map<char*, std::size_t> free_;  // free ranges, by address, coalesced within slabs
   host_store_stats stats_;
+  memory_source memory_source_ = nullptr;  // null: read_host_memory()
+  void* memory_context_ = nullptr;
 };
 
 }  // namespace tagmem

@@ -467,10 +467,10 @@ void pipeline::run(tag* const* outs, std::size_t out_count, tag* const* ins, std
         trace::span span("plan", outs[i]->name());
         outs_.push_back({});
         outs_.back().t = outs[i];
-        drop_kept_backup(*outs[i], store_);  // the offload writes a fresh backup
         if (outs[i]->partial()) keep_offloaded_pieces(*outs[i]);
-        plan_outgoing(outs_.back(), mode_, store_, cfg_.copy_piece_bytes);
+        plan_outgoing(outs_.back());
       }
+      plan_host_memory(outs_.data(), outs_.size(), mode_, store_, cfg_.copy_piece_bytes);
       queue_out_copies();
       if (in_count == 0 && dev_.peers()) open_sink();
     } catch (...) {  // nothing is unmapped yet: every tag is as it was

@@ -4,37 +4,84 @@
 #include <algorithm>
 
 #include "base/error.hpp"
+#include "tags/backup_retention.hpp"
 
 namespace tagmem {
 
-void plan_outgoing(outgoing& o, tagmem_offload_mode mode, host_store& store,
-                   std::size_t piece_bytes) {
+void plan_outgoing(outgoing& o) {
   for (auto& [va, m] : o.t->arena().mappings()) {
     if (!m.resident) continue;
     o.maps.push_back({va, m.size, 0});
     o.bytes += m.size;
   }
-  if (mode != TAGMEM_BACKUP || o.bytes == 0) return;  // nothing to wait for before unmapping
-  o.extents = store.acquire(o.bytes);
-  try {
-    extent_cursor cursor{o.extents};
-    for (std::size_t i = 0; i < o.maps.size();) {
-      // A contiguous range of resident mappings: [maps[i], maps[j]).
-      CUdeviceptr end = o.maps[i].va + o.maps[i].size;
-      std::size_t j = i + 1;
-      for (; j < o.maps.size() && o.maps[j].va == end; ++j) end += o.maps[j].size;
-      cut_pieces(o.maps[i].va, end, cursor, piece_bytes, o.pieces);  // Note [copies span mappings]
-      i = j;
+}
+
+namespace {
+
+// Cuts `o`'s copies over its extents; each mapping learns which copies cover it.
+void cut_outgoing(outgoing& o, std::size_t piece_bytes) {
+  extent_cursor cursor{o.extents};
+  for (std::size_t i = 0; i < o.maps.size();) {
+    // A contiguous range of resident mappings: [maps[i], maps[j]).
+    CUdeviceptr end = o.maps[i].va + o.maps[i].size;
+    std::size_t j = i + 1;
+    for (; j < o.maps.size() && o.maps[j].va == end; ++j) end += o.maps[j].size;
+    cut_pieces(o.maps[i].va, end, cursor, piece_bytes, o.pieces);  // Note [copies span mappings]
+    i = j;
+  }
+  for (out_mapping& m : o.maps) {
+    auto after = std::lower_bound(
+        o.pieces.begin(), o.pieces.end(), m.va + m.size,
+        [](const backup_piece& p, CUdeviceptr address) { return p.dev < address; });
+    m.pieces_end = static_cast<std::size_t>(after - o.pieces.begin());
+  }
+}
+
+bool holds_kept_backup(const tag& t) noexcept { return !t.offloaded() && t.kept(); }
+
+}  // namespace
+
+void plan_host_memory(outgoing* outs, std::size_t n, tagmem_offload_mode mode, host_store& store,
+                      std::size_t piece_bytes) {
+  if (mode != TAGMEM_BACKUP) {  // nothing is copied: kept backups simply go
+    for (std::size_t i = 0; i < n; ++i) drop_kept_backup(*outs[i].t, store);
+    return;
+  }
+  std::size_t total = 0;
+  meta_vector<host_extent> kept;
+  for (std::size_t i = 0; i < n; ++i) {
+    total += outs[i].bytes;
+    if (holds_kept_backup(*outs[i].t)) {
+      kept.insert(kept.end(), outs[i].t->extents().begin(), outs[i].t->extents().end());
     }
-    for (out_mapping& m : o.maps) {
-      auto after = std::lower_bound(
-          o.pieces.begin(), o.pieces.end(), m.va + m.size,
-          [](const backup_piece& p, CUdeviceptr address) { return p.dev < address; });
-      m.pieces_end = static_cast<std::size_t>(after - o.pieces.begin());
+  }
+  meta_vector<host_extent> all = store.acquire(total, kept);  // Note [kept backup until planned]
+  for (std::size_t i = 0; i < n; ++i) {
+    if (holds_kept_backup(*outs[i].t)) forget_kept_backup(*outs[i].t);  // its memory is in `all`
+  }
+  try {
+    std::size_t at = 0;
+    std::size_t offset = 0;  // bytes of all[at] handed out
+    for (std::size_t i = 0; i < n; ++i) {
+      outgoing& o = outs[i];
+      for (std::size_t left = o.bytes; left;) {
+        const std::size_t take = std::min(left, all[at].size - offset);
+        o.extents.push_back({all[at].ptr + offset, take});
+        left -= take;
+        offset += take;
+        if (offset == all[at].size) {
+          ++at;
+          offset = 0;
+        }
+      }
+      cut_outgoing(o, piece_bytes);
     }
   } catch (...) {
-    store.release(o.extents);
-    o.extents.clear();
+    store.release(all);
+    for (std::size_t i = 0; i < n; ++i) {
+      outs[i].extents.clear();
+      outs[i].pieces.clear();
+    }
     throw;
   }
 }

@@ -59,10 +59,18 @@ struct incoming {
   meta_vector<CUdeviceptr> reclaimed;  // parked mappings taken back (Note [parked mappings])
 };
 
-// Plans `o.t`'s copies; in BACKUP mode takes host extents from `store` (throws
-// HOST_OUT_OF_MEMORY / DRIVER with nothing taken).
-void plan_outgoing(outgoing& o, tagmem_offload_mode mode, host_store& store,
-                   std::size_t piece_bytes);
+// Lists `o.t`'s resident mappings and their bytes (no host memory is taken yet).
+void plan_outgoing(outgoing& o);
+
+// Note [kept backup until planned]: a kept backup (backup_retention.hpp) of a tag going out is
+// replaced by the offload's fresh one, and its host memory may serve that one; but until the
+// offload has its host memory nothing may change, or an offload failing HOST_OUT_OF_MEMORY would
+// lose the copy. So the host memory of all `n` out-tags is taken at once, in exchange for their
+// kept backups (host_store::acquire with `replacing`), and only then are those backups forgotten.
+// In BACKUP mode it then cuts each tag's copies; in other modes it only gives kept backups back.
+// Throws HOST_OUT_OF_MEMORY / DRIVER with nothing taken and every kept backup still kept.
+void plan_host_memory(outgoing* outs, std::size_t n, tagmem_offload_mode mode, host_store& store,
+                      std::size_t piece_bytes);
 
 // Plans `in.t`'s runs; trims a partial tag's pieces to its unmapped mappings first.
 void plan_incoming(incoming& in, std::size_t max_mapping_bytes);

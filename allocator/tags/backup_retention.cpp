@@ -19,6 +19,10 @@ void finish_reload_backup(tag& t, host_store& store) noexcept {
 void drop_kept_backup(tag& t, host_store& store) noexcept {
   if (t.offloaded() || !t.kept()) return;
   store.release(t.extents());
+  forget_kept_backup(t);
+}
+
+void forget_kept_backup(tag& t) noexcept {
   t.extents().clear();
   t.pieces().clear();
   t.set_kept(false, 0, 0);

@@ -21,6 +21,10 @@ void finish_reload_backup(tag& t, host_store& store) noexcept;
 // whose offload writes new pieces). Does nothing for an offloaded tag or one that keeps none.
 void drop_kept_backup(tag& t, host_store& store) noexcept;
 
+// Forgets a resident tag's kept backup whose host memory the caller has given to the store
+// (noexcept: clears the records only).
+void forget_kept_backup(tag& t) noexcept;
+
 // Whether a resident tag's kept backup still describes the tag: kept, and no allocation made or
 // freed in the tag since its reload.
 bool kept_backup_current(const tag& t) noexcept;

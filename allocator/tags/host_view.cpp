@@ -32,8 +32,16 @@ host_span backup_span(tag& t, CUdeviceptr address, CUdeviceptr end, bool writabl
   const auto& pieces = t.pieces();
   auto after = std::upper_bound(pieces.begin(), pieces.end(), address,
                                 [](CUdeviceptr a, const backup_piece& p) { return a < p.dev; });
-  TAGMEM_EXPECTS(after != pieces.begin() && address < (after - 1)->dev + (after - 1)->bytes,
-                 TAGMEM_ERROR_INTERNAL,
+  const bool held = after != pieces.begin() && address < (after - 1)->dev + (after - 1)->bytes;
+  // A tag whose offload stopped part way and was then reloaded keeps only the part that left
+  // the device: the rest never had a backup.
+  TAGMEM_EXPECTS(held || t.offloaded(), TAGMEM_ERROR_TAG_RESIDENT,
+                 "tagmem_host_view: tag '" + name +
+                     "' is resident and its kept backup does not "
+                     "hold address " +
+                     std::to_string(address) +
+                     " (its last offload stopped part way: that part never left the device)");
+  TAGMEM_EXPECTS(held, TAGMEM_ERROR_INTERNAL,
                  "tagmem_host_view: no backup piece of tag '" + name + "' holds address " +
                      std::to_string(address));
   auto it = after - 1;

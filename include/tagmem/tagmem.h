@@ -378,10 +378,13 @@ TAGMEM_API tagmem_status tagmem_host_view(const void* ptr, int flags, void** hos
  * offload, and tagmem_host_view() reads it (never with TAGMEM_HOST_VIEW_WRITABLE: writing would
  * not reach the device) while the tag is resident, until the tag allocates or frees (then
  * TAG_RESIDENT: its allocations may have changed), is offloaded again (the new offload writes a
- * fresh copy and the old one is given back first), or is reloaded with the flag off. Turning the
- * flag off gives nothing back by itself. The kept copy counts in the tag's host_bytes and in the
- * host budget; tagmem_host_trim() never frees it. Errors: UNKNOWN_TAG (create the tag first, for
- * example with tagmem_push_tag), INVALID_ARGUMENT (bad device). Thread-safe. */
+ * fresh copy, which may take the old one's host memory; an offload refused for want of host
+ * memory, HOST_OUT_OF_MEMORY, leaves the old copy kept), or is reloaded with the flag off. A tag
+ * whose last offload stopped part way keeps only the part that left the device: a view of the
+ * rest is TAG_RESIDENT. Turning the flag off gives nothing back by itself. The kept copy counts
+ * in the tag's host_bytes and in the host budget; tagmem_host_trim() never frees it.
+ * Errors: UNKNOWN_TAG (create the tag first, for example with tagmem_push_tag), INVALID_ARGUMENT
+ * (bad device). Thread-safe. */
 TAGMEM_API tagmem_status tagmem_set_keep_backup(const char* tag, int device, int keep);
 
 /* Sets the directory TAGMEM_BACKUP_DISK writes its files to, for offloads from now on (it must

@@ -7,10 +7,15 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <condition_variable>
 #include <cstring>
+#include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
+#include "base/error.hpp"
 #include "host/host_pinning.hpp"
 #include "test_support.hpp"
 
@@ -140,6 +145,79 @@ INSTANTIATE_TEST_SUITE_P(EmulatorPinMethods, EmulatorHostStore,
                          [](const ::testing::TestParamInfo<pin_method>& info) {
                            return std::string(pin_method_name(info.param));
                          });
+
+// Two growths at once (Note [host budget]): growth B reads the host's figures, growth A then
+// reads, claims and pins all the room there is, and only then does B claim with what it read,
+// which still counts A's slabs as available. B must not pin them a second time.
+class EmulatorHostStoreBudget : public tagmem_test {
+ protected:
+  void SetUp() override {
+    ASSERT_TRUE(using_emulator()) << "Emulator* suites need TAGMEM_LIBCUDA=libtagmem_emu.so";
+    ASSERT_EQ(emulator().pinned_host_bytes(), 0u);
+    tagmem_test::SetUp();
+  }
+};
+
+// The host as the kernel would report it: 1 GiB (a 64 MiB margin) of which 64 + 8 MiB are
+// available, less what the emulated driver has pinned. The first reading (growth B's) waits,
+// after reading, until growth A is done.
+struct racing_host {
+  std::mutex mutex;
+  std::condition_variable changed;
+  int readings = 0;
+  bool a_done = false;
+
+  static host_memory read(void* self) {
+    auto& h = *static_cast<racing_host*>(self);
+    host_memory m;
+    m.total = std::size_t(1) << 30;
+    m.available = (72u << 20) - std::min<std::size_t>(emulator().pinned_host_bytes(), 72u << 20);
+    m.limited_by = "a test";
+    std::unique_lock lock(h.mutex);
+    if (++h.readings == 1) {
+      h.changed.notify_all();
+      h.changed.wait(lock, [&] { return h.a_done; });
+    }
+    return m;
+  }
+};
+
+TEST_F(EmulatorHostStoreBudget, TwoGrowthsAtOnceDoNotBothPassTheBudget) {
+  CUdevice dev = 0;
+  CUcontext ctx = nullptr;
+  ASSERT_EQ(driver_api_for_tests().cuDeviceGet(&dev, 0), CUDA_SUCCESS);
+  ASSERT_EQ(driver_api_for_tests().cuDevicePrimaryCtxRetain(&ctx, dev), CUDA_SUCCESS);
+  {
+    host_store store(kSlab, ctx);
+    racing_host host;
+    store.set_memory_source(&racing_host::read, &host);
+    tagmem_status b_status = TAGMEM_SUCCESS;
+    std::thread b([&] {
+      try {
+        store.release(store.acquire(8u << 20));
+      } catch (const error& e) {
+        b_status = e.code();
+      }
+    });
+    {
+      std::unique_lock lock(host.mutex);
+      host.changed.wait(lock, [&] { return host.readings == 1; });
+    }
+    auto a = store.acquire(8u << 20);  // the 8 MiB of headroom there are
+    {
+      std::lock_guard lock(host.mutex);
+      host.a_done = true;
+      host.changed.notify_all();
+    }
+    b.join();
+    EXPECT_EQ(b_status, TAGMEM_ERROR_HOST_OUT_OF_MEMORY);
+    EXPECT_EQ(emulator().pinned_host_bytes(), 8u << 20) << "the two growths pinned more than the "
+                                                           "8 MiB available";
+    store.release(a);
+  }
+  EXPECT_EQ(emulator().pinned_host_bytes(), 0u);
+  driver_api_for_tests().cuDevicePrimaryCtxRelease(dev);
+}
 
 }  // namespace
 }  // namespace tagmem::test

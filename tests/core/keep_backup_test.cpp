@@ -115,5 +115,86 @@ TEST_F(KeepBackup, DiscardOffloadsKeepNothingAndUnknownTagsAreRefused) {
   EXPECT_EQ(tagmem_set_keep_backup("never-made", 0, 1), TAGMEM_ERROR_UNKNOWN_TAG);
 }
 
+// A host store of 16 MiB (TAGMEM_HOST_MAX_BYTES), grown 2 MiB at a time.
+class KeepBackupBudget : public tagmem_test {
+ protected:
+  scoped_env max_{"TAGMEM_HOST_MAX_BYTES", "16M"};
+  scoped_env slab_{"TAGMEM_HOST_SLAB_BYTES", "2M"};
+};
+
+// Note [kept backup until planned]: an offload that fails for want of host memory leaves a kept
+// backup kept and readable; one that fits only by reusing the kept backup's memory still fits.
+TEST_F(KeepBackupBudget, AnOffloadBeyondTheBudgetKeepsTheKeptBackup) {
+  constexpr std::size_t MiB = 1u << 20;
+  auto rng = rng_for_test();
+  // Allocations this large get a mapping of their own size: a tag's backup is their sum.
+  auto w = fill(rng, "w", 1, 12 * MiB);
+  auto big = fill(rng, "big", 1, 12 * MiB);
+  keeping_cycle("w");  // 12 MiB of the 16 held by the kept copy
+  const auto snapshot = w[0].bytes;
+  refill(rng, w);  // the device moves on; the kept copy is the snapshot
+
+  const char* both[] = {"w", "big"};  // 24 MiB: more than the store may hold
+  TAGMEM_FAILS_WITH(tagmem_offload(both, 2, 0, TAGMEM_BACKUP), TAGMEM_ERROR_HOST_OUT_OF_MEMORY);
+  EXPECT_EQ(state_of("w"), TAGMEM_RESIDENT);
+  EXPECT_EQ(state_of("big"), TAGMEM_RESIDENT);
+  EXPECT_EQ(corrupted(w), 0u);
+  EXPECT_EQ(corrupted(big), 0u);
+  EXPECT_TRUE(host_copy(w[0].ptr, snapshot.size()) == snapshot) << "the kept backup was lost";
+  EXPECT_EQ(host_bytes_of("w"), 12 * MiB);
+
+  // 12 MiB kept plus 12 MiB fresh do not fit, but the fresh copy takes the kept one's place.
+  const char* one[] = {"w"};
+  TAGMEM_OK(tagmem_offload(one, 1, 0, TAGMEM_BACKUP));
+  EXPECT_TRUE(host_copy(w[0].ptr, w[0].bytes.size()) == w[0].bytes);
+  TAGMEM_OK(tagmem_reload(one, 1, 0));
+  EXPECT_EQ(corrupted(w), 0u);
+  EXPECT_TRUE(host_copy(w[0].ptr, w[0].bytes.size()) == w[0].bytes);
+}
+
+class EmulatorKeepBackup : public tagmem_test {
+ protected:
+  void SetUp() override {
+    ASSERT_TRUE(using_emulator()) << "Emulator* suites need TAGMEM_LIBCUDA=libtagmem_emu.so";
+    tagmem_test::SetUp();
+  }
+  void TearDown() override {
+    emulator().clear_faults();
+    tagmem_test::TearDown();
+  }
+};
+
+// A tag whose offload stopped part way (its release failed, and so did mapping the first part
+// back) and that is then reloaded keeping its backup: the kept copy holds only the part that
+// left the device. A view of the part that never left it is TAG_RESIDENT, not INTERNAL.
+TEST_F(EmulatorKeepBackup, AKeptBackupOfAPartlyOffloadedTagViewsOnlyWhatLeftTheDevice) {
+  auto rng = rng_for_test();
+  auto all = fill(rng, "w", 3, 16u << 20);  // a segment each
+  const char* tags[] = {"w"};
+  TAGMEM_OK(tagmem_set_keep_backup("w", 0, 1));
+  ASSERT_EQ(emulator().fail_call("cuMemRelease", 1, CUDA_ERROR_UNKNOWN), 0);
+  ASSERT_EQ(emulator().fail_call("cuMemCreate", 1, CUDA_ERROR_UNKNOWN), 0);
+  TAGMEM_FAILS_WITH(tagmem_offload(tags, 1, 0, TAGMEM_BACKUP), TAGMEM_ERROR_DRIVER);
+  tagmem_tag_stats s{};
+  TAGMEM_OK(tagmem_tag_stats_get("w", 0, &s));
+  ASSERT_EQ(s.state, TAGMEM_OFFLOADED_BACKUP);
+  ASSERT_EQ(s.mapped_bytes, 32u << 20) << "the offload should have stopped after one segment";
+  TAGMEM_OK(tagmem_reload(tags, 1, 0));
+  EXPECT_EQ(corrupted(all), 0u);
+  int viewed = 0;
+  for (const filled& a : all) {
+    const tagmem_status st = view_status(a.ptr);
+    if (st == TAGMEM_SUCCESS) {
+      ++viewed;
+      EXPECT_TRUE(host_copy(a.ptr, a.bytes.size()) == a.bytes);
+    } else {
+      EXPECT_EQ(st, TAGMEM_ERROR_TAG_RESIDENT) << tagmem_last_error();
+      EXPECT_NE(std::strstr(tagmem_last_error(), "never left the device"), nullptr)
+          << tagmem_last_error();
+    }
+  }
+  EXPECT_EQ(viewed, 1);
+}
+
 }  // namespace
 }  // namespace tagmem::test
