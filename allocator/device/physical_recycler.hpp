@@ -81,6 +81,17 @@ class physical_recycler {
   // Kept bytes, parked ones included.
   std::size_t bytes() const noexcept;
   std::size_t parked_bytes() const noexcept;
+  // The bytes of the mappings parked at the addresses of `records` (a tag's mapping records,
+  // keyed by address, each with a `size`).
+  template <class Records>
+  std::size_t parked_bytes_at(const Records& records) const noexcept {
+    std::lock_guard lock(mutex_);
+    std::size_t n = 0;
+    for (const auto& [va, record] : records) {
+      if (auto it = parked_.find(va); it != parked_.end()) n += it->second.size;
+    }
+    return n;
+  }
 
  private:
   struct parked_mapping {

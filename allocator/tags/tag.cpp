@@ -3,6 +3,8 @@
 
 #include <algorithm>
 
+#include "device/device.hpp"
+
 namespace tagmem {
 
 tag::tag(device& dev, const config& cfg, const char* name)
@@ -57,6 +59,8 @@ tagmem_tag_stats tag::stats() const {
   s.bytes_reloaded = counters_.bytes_reloaded;
   s.peak_allocated_bytes = std::max(counters_.peak_allocated_bytes, s.allocated_bytes);
   s.peak_mapped_bytes = std::max(counters_.peak_mapped_bytes, s.mapped_bytes);
+  // Note [parked mappings]: still mapped, but the recycler's to hand on, not the tag's.
+  if (offloaded_) s.parked_bytes = dev_.recycler().parked_bytes_at(arena_.mappings());
   return s;
 }
 

@@ -112,7 +112,8 @@ typedef struct tagmem_tag_stats {
   size_t allocated_bytes;      /* bytes in live allocations (after rounding to the alignment) */
   size_t requested_bytes;      /* bytes the caller asked for in live allocations */
   size_t reserved_bytes;       /* bytes in segments: live, cached and free blocks */
-  size_t mapped_bytes;         /* physical device memory mapped for this tag now */
+  size_t mapped_bytes;         /* physical device memory mapped for this tag now (parked
+                                  memory of an offloaded tag is parked_bytes, not this) */
   size_t host_bytes;           /* pinned host bytes holding this tag's backup now */
   size_t virtual_bytes;        /* virtual address space reserved for this tag */
   uint64_t live_allocations;   /* allocations not yet freed */
@@ -125,6 +126,10 @@ typedef struct tagmem_tag_stats {
   uint64_t bytes_reloaded;     /* bytes copied host -> device by reloads, ever */
   size_t peak_allocated_bytes; /* the most allocated_bytes has been since the tag was created */
   size_t peak_mapped_bytes;    /* the most mapped_bytes has been since the tag was created */
+  size_t parked_bytes;         /* of an offloaded tag: physical device memory still mapped at its
+                                  addresses, not counted in mapped_bytes (a DISCARD offload with
+                                  TAGMEM_RECYCLE_PHYSICAL=keep parks its mappings until a reload
+                                  takes them back or tagmem needs the memory elsewhere) */
 } tagmem_tag_stats;
 
 typedef struct tagmem_device_stats {

@@ -205,8 +205,12 @@ TEST_F(EmulatorRecycle, ParkedDiscardOffloadAndReloadMakeNoDriverCall) {
     tagmem_tag_stats ts{};
     TAGMEM_OK(tagmem_tag_stats_get("kv", 0, &ts));
     EXPECT_EQ(ts.mapped_bytes, 0u);
+    EXPECT_EQ(ts.parked_bytes, 256 * MiB) << "its addresses are still mapped";
     EXPECT_EQ(pending_bytes(), 256 * MiB);  // kept, not yet back with the driver
     TAGMEM_OK(tagmem_reload(kv_tag, 1, 0));
+    TAGMEM_OK(tagmem_tag_stats_get("kv", 0, &ts));
+    EXPECT_EQ(ts.parked_bytes, 0u);
+    EXPECT_EQ(ts.mapped_bytes, 256 * MiB);
     EXPECT_EQ(driver_calls() - before, 0u) << "round " << round;
     EXPECT_EQ(pending_bytes(), 0u);
     EXPECT_EQ(emulator().live_mappings(), mappings);
@@ -245,8 +249,13 @@ TEST_F(EmulatorRecycle, ParkedMemoryServesAnotherTagAndStopsAliasing) {
   auto rng = rng_for_test();
   std::vector<filled> weights, kv;
   park_kv_beside_offloaded_weights(rng, 4, 32 * MiB, weights, kv);
+  tagmem_tag_stats ts{};
+  TAGMEM_OK(tagmem_tag_stats_get("kv", 0, &ts));
+  EXPECT_EQ(ts.parked_bytes, 128 * MiB);
   const std::uint64_t created = calls("cuMemCreate"), unmapped = calls("cuMemUnmap");
   TAGMEM_OK(tagmem_reload(w_tag, 1, 0));
+  TAGMEM_OK(tagmem_tag_stats_get("kv", 0, &ts));
+  EXPECT_EQ(ts.parked_bytes, 0u) << "its memory went to the weights";
   EXPECT_EQ(calls("cuMemCreate") - created, 0u);  // the kv cache's parked memory
   EXPECT_EQ(calls("cuMemUnmap") - unmapped, 4u);  // unparked: one unmap per kv mapping
   EXPECT_EQ(corrupted(weights), 0u);

@@ -36,7 +36,7 @@ class TagStats(ctypes.Structure):
         "allocated_bytes", "requested_bytes", "reserved_bytes", "mapped_bytes", "host_bytes",
         "virtual_bytes", "live_allocations", "mappings", "alloc_count", "free_count",
         "offload_count", "reload_count", "bytes_offloaded", "bytes_reloaded",
-        "peak_allocated_bytes", "peak_mapped_bytes")]
+        "peak_allocated_bytes", "peak_mapped_bytes", "parked_bytes")]
 
 
 class TagmemError(RuntimeError):

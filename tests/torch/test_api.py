@@ -377,6 +377,24 @@ def test_stats_are_dicts_keyed_like_the_c_structs():
     tagmem.raw_free(p)
 
 
+def test_a_discard_tag_whose_mappings_are_parked_reports_them_as_parked_bytes(io, rng, monkeypatch):
+    tagmem.shutdown()
+    monkeypatch.setenv("TAGMEM_RECYCLE_PHYSICAL", "keep")  # read when tagmem initialises
+    p = tagmem.raw_alloc(16 * MiB, tag="kv")
+    mapped = tagmem.stats("kv")["mapped_bytes"]
+    assert mapped >= 16 * MiB and tagmem.stats("kv")["parked_bytes"] == 0
+    tagmem.offload("kv", mode=tagmem.DISCARD)
+    s = tagmem.stats("kv")
+    assert s["state"] == "offloaded_discard" and s["mapped_bytes"] == 0
+    assert s["parked_bytes"] == mapped  # its addresses still map that memory
+    tagmem.reload("kv")
+    s = tagmem.stats("kv")
+    assert s["parked_bytes"] == 0 and s["mapped_bytes"] == mapped
+    data = fill(io, rng, p, 16 * MiB)
+    assert io.read(p, 16 * MiB) == data
+    tagmem.raw_free(p)
+
+
 def test_empty_cache_returns_segments_without_live_allocations():
     keep = tagmem.raw_alloc(MiB, tag="c1")
     gone = tagmem.raw_alloc(16 * MiB, tag="c2")

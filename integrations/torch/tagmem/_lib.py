@@ -69,6 +69,7 @@ class TagStats(ctypes.Structure):
         ("bytes_reloaded", _U64),
         ("peak_allocated_bytes", _SIZE),
         ("peak_mapped_bytes", _SIZE),
+        ("parked_bytes", _SIZE),
     ]
 
 
