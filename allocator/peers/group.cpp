@@ -48,6 +48,19 @@ int env_int(const char* name, int fallback) {
   return static_cast<int>(x);
 }
 
+// Note [hello deadline]: the hub reads one joining connection at a time, so a connection that
+// sends nothing would hold up every rank queued behind it until the group's deadline: one
+// silent process of the user's could make every pause wait out its whole timeout, then fail. An
+// honest rank sends its hello the moment it connects (usually before the hub accepts it), so
+// each connection gets at most this long for it; a silent one is dropped and named in the
+// error should the group still time out.
+constexpr long long kHelloWaitMs = 1000;
+
+int hello_wait_ms(long long deadline) {
+  return static_cast<int>(
+      std::max<long long>(std::min(deadline - monotonic_ms(), kHelloWaitMs), 1));
+}
+
 }  // namespace
 
 group_spec resolve_spec(const char* name, int rank, int size, int timeout_ms) {
@@ -185,8 +198,7 @@ void group_session::join_as_hub(bool ready, tagmem_status why_code, const std::s
         continue;
       }
       ch->set_peer_name("pid " + std::to_string(cred.pid));
-      m = ch->receive(static_cast<int>(std::max<long long>(deadline - monotonic_ms(), 1)),
-                      "waiting for its hello");
+      m = ch->receive(hello_wait_ms(deadline), "waiting for its hello");
     } catch (const error& e) {
       strangers += std::string("; ") + e.what();
       continue;

@@ -313,6 +313,31 @@ TEST(ProtocolFaults, HubDiesAtEachStep) { sweep(0, misdeed::die); }
 TEST(ProtocolFaults, HubStallsAtEachStep) { sweep(0, misdeed::stall); }
 TEST(ProtocolFaults, HubImpersonatesAtEachStep) { sweep(0, misdeed::impersonate); }
 
+// A member of a 2-rank group with a timeout long enough to tell a dropped connection from one
+// waited out: joins and gathers.
+rank_outcome patient_member(const std::string& group, int rank) {
+  group_spec s = spec_for(group, rank);
+  s.size = 2;
+  s.timeout_ms = 8000;
+  auto session = group_session::join(s, group_op::pause, true, TAGMEM_SUCCESS, "");
+  session->all_gather("blob", "gathering");
+  return {};
+}
+
+// Note [hello deadline]: a connection that reaches rank 0 first and never says hello is dropped
+// after its own short wait; the rank queued behind it joins and the group goes on, instead of
+// every rank waiting out the group's timeout and failing.
+TEST(ProtocolFaults, ASilentConnectionDoesNotHoldUpTheRanksBehindIt) {
+  std::string group = unique_name("silent");
+  child hub = start([&] { return patient_member(group, 0); });
+  auto silent = connect_to(group);  // first in rank 0's queue; says nothing, stays open
+  child spoke = start([&] { return patient_member(group, 1); });
+  rank_outcome h = finish(hub);
+  rank_outcome k = finish(spoke);
+  EXPECT_EQ(h.status, TAGMEM_SUCCESS) << h.message;
+  EXPECT_EQ(k.status, TAGMEM_SUCCESS) << k.message;
+}
+
 // ---- descriptors on error paths ---------------------------------------------------------------
 
 int open_fds() {
