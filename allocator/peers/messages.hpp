@@ -20,7 +20,8 @@ namespace tagmem::peers {
 enum class group_op : std::uint32_t { pause = 1, resume = 2 };
 const char* op_name(group_op op);
 
-inline constexpr std::uint32_t kProtocolVersion = 2;
+// 3: matching is established by the owner (two mail rounds), claims carry no indices.
+inline constexpr std::uint32_t kProtocolVersion = 3;
 
 // Message types on the wire (unix_channel's frame type).
 enum : std::uint32_t {

@@ -24,14 +24,21 @@
 // Note [matching shared allocations]: NCCL passes fds between processes itself, so the shim
 // does not know which of a process's imports came from which peer's allocation. It keeps a
 // duplicate of each fd an allocation is exported as, and of each fd imported. During a pause
-// every exporter mails its duplicates to every other rank, and each importer compares them with
-// its own (fd_identity.hpp: the same open file description). A match gives the importer the
-// allocation's owner for good — its rank, its record id and its process (process_identity.hpp)
-// — and gives the owner the importer's process: holding a duplicate of the exported fd is the
-// proof that the buffer was shared with that process. Later pauses need no matching for it,
-// and the importer's duplicate is closed. Exports are never re-matched after a resume: the new
-// fds go straight to the ranks known to need them.
-//
+// every importer mails the duplicates of its unmatched imports to every other rank, and each
+// owner compares them with its exports that no process was found holding yet (fd_identity.hpp:
+// the same open file description). The owner establishes the match itself: the fd came, through
+// the group's connections whose processes the kernel names, from the process that is that rank,
+// so holding a duplicate of the exported fd proves the buffer was shared with that process. A
+// claimer's word counts for nothing. The owner answers that importer alone with its record id
+// and a duplicate of its export, which the importer checks is the file it imported; an owner
+// mails its exports to nobody else. A match gives the importer the allocation's owner for good
+// — its rank, its record id and its process (process_identity.hpp) — and gives the owner the
+// importer's process. Later pauses need no matching for it, and the importer's duplicate is
+// closed. Exports are never re-matched after a resume: the new fds go straight to the ranks known
+// to need them. (An importer's duplicate reaches every rank of the group, as its owner is not
+// known yet; a rank that kept one can present it later only for an export no process was found
+// holding, and its owner then serves it as a process that holds the buffer, which it does.)
+
 // From then on the processes are checked, not the ranks: an importer claims a buffer only if
 // the process that is now rank `source_rank` is the one it imported from, and an owner accepts
 // a claim, or re-exports on resume, only for a process it exported that buffer to. Anything

@@ -11,26 +11,22 @@ using peers::decode_bool;
 using peers::wire_reader;
 using peers::wire_writer;
 
-std::string encode_export_letter(const export_letter& l) {
-  return wire_writer().u64(l.id).u32(l.first).take();
+std::string encode_match_letter(const match_letter& l) {
+  return wire_writer().u64(l.importer_id).u64(l.owner_id).take();
 }
 
-export_letter decode_export_letter(const std::string& payload) {
+match_letter decode_match_letter(const std::string& payload) {
   wire_reader r(payload);
-  export_letter l;
-  l.id = r.u64();
-  l.first = r.u32();
+  match_letter l;
+  l.importer_id = r.u64();
+  l.owner_id = r.u64();
   r.finish();
   return l;
 }
 
 std::string encode_claims(const std::vector<claim>& claims) {
   wire_writer w;
-  for (const claim& c : claims) {
-    w.i32(c.owner).u64(c.id).u32(c.can_release ? 1 : 0);
-    w.u32(static_cast<std::uint32_t>(c.matched.size()));
-    for (std::uint32_t i : c.matched) w.u32(i);
-  }
+  for (const claim& c : claims) w.i32(c.owner).u64(c.id).u32(c.can_release ? 1 : 0);
   return w.take();
 }
 
@@ -42,9 +38,7 @@ std::vector<claim> decode_claims(const std::string& payload) {
     c.owner = r.i32();
     c.id = r.u64();
     c.can_release = decode_bool(r.u32());
-    c.matched.resize(r.count(sizeof(std::uint32_t)));
-    for (std::uint32_t& i : c.matched) i = r.u32();
-    out.push_back(std::move(c));
+    out.push_back(c);
   }
   return out;
 }

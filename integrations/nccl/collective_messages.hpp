@@ -10,21 +10,23 @@
 
 namespace tagmem::nccl {
 
-// Pause: an exporter's fd duplicates of record `id`, from index `first` of its exports.
-struct export_letter {
-  std::uint64_t id = 0;
-  std::uint32_t first = 0;
+// Pause, matching (Note [matching shared allocations] in collective.cpp): an importer's
+// duplicate of the fd it imported as its record `importer_id` (owner_id 0), mailed to every other
+// rank; and the owner's answer to the importer it found holding one of its exports: its record
+// `owner_id`, with a duplicate of that export, so that the importer checks it too.
+struct match_letter {
+  std::uint64_t importer_id = 0;
+  std::uint64_t owner_id = 0;
 };
-std::string encode_export_letter(const export_letter& l);
-export_letter decode_export_letter(const std::string& payload);
+std::string encode_match_letter(const match_letter& l);
+match_letter decode_match_letter(const std::string& payload);
 
-// Pause: an importer tells the owner which of its buffers it maps, whether it can release its
-// side, and which of the owner's exports it matched in this pause.
+// Pause: an importer tells the owner which of its buffers it maps and whether it can release its
+// side. The owner serves it only if it found the importer's process holding the buffer's fd.
 struct claim {
   int owner = 0;
   std::uint64_t id = 0;
   bool can_release = false;
-  std::vector<std::uint32_t> matched;
 };
 std::string encode_claims(const std::vector<claim>& claims);
 std::vector<claim> decode_claims(const std::string& payload);

@@ -106,40 +106,51 @@ void synchronize_devices(const runtime::hold& rt, int timeout_ms) {
 }
 
 void match(group_session& s) {
+  // 1. Every import not yet matched goes, as a duplicate of its fd, to every other rank.
   std::vector<letter> outbox;
-  records().for_each([&](allocation& a) {
-    if (!local(a) || a.released || a.exports.empty()) return;
-    for (std::size_t first = 0; first < a.exports.size(); first += kMaxFds) {
-      std::size_t n = std::min(kMaxFds, a.exports.size() - first);
-      letter l;
-      l.blob = encode_export_letter({a.id, static_cast<std::uint32_t>(first)});
-      for (std::size_t i = 0; i < n; ++i) l.fds.push_back(a.exports[first + i].fd);
-      for (int r = 0; r < s.size(); ++r) {
-        if (r == s.rank()) continue;
-        l.to = r;
-        outbox.push_back(l);
-      }
+  records().for_each([&](allocation& b) {
+    if (b.from != origin::imported || b.released || b.import_fd < 0) return;
+    for (int r = 0; r < s.size(); ++r) {
+      if (r != s.rank()) outbox.push_back({r, encode_match_letter({b.id, 0}), {b.import_fd}});
     }
   });
-  // Per import, the exporter's (rank, id, process) and the indices of its fds it matched in
-  // this pause.
+  // 2. The owner compares each with the exports no process was found holding yet; a match is
+  // its own finding that the sender's process holds that export, and it answers the sender
+  // alone, with its record id and a duplicate of the export.
+  std::vector<letter> answers;
   s.mail(
       outbox,
       [&](int from, const std::string& blob, owned_fds& fds) {
-        export_letter l =
-            decode_from(s.describe(from), "matching", [&] { return decode_export_letter(blob); });
-        records().for_each([&](allocation& b) {
-          if (b.from != origin::imported || b.import_fd < 0) return;
-          for (std::size_t i = 0; i < fds.size(); ++i) {
-            if (!same_open_file(b.import_fd, fds[i])) continue;
-            b.source_rank = from;
-            b.source_id = l.id;
-            b.source_process = s.member(from);
-            b.matched_indices.push_back(l.first + static_cast<std::uint32_t>(i));
+        match_letter l =
+            decode_from(s.describe(from), "matching", [&] { return decode_match_letter(blob); });
+        if (l.owner_id != 0 || fds.size() != 1) return;  // no honest importer sends that
+        records().for_each([&](allocation& a) {
+          if (!local(a) || a.released) return;
+          for (export_record& e : a.exports) {
+            if (e.matched || !same_open_file(e.fd, fds[0])) continue;
+            e.matched = true;
+            if (!holds(a.importers, s.member(from))) a.importers.push_back(s.member(from));
+            answers.push_back({from, encode_match_letter({l.importer_id, a.id}), {e.fd}});
           }
         });
       },
       "matching the buffers shared between ranks");
+  // 3. The importer checks the answer holds the very file it imported before it takes the
+  // sender as the owner.
+  s.mail(
+      answers,
+      [&](int from, const std::string& blob, owned_fds& fds) {
+        match_letter l =
+            decode_from(s.describe(from), "matching", [&] { return decode_match_letter(blob); });
+        allocation* b = records().by_id(l.importer_id);
+        if (!b || b->from != origin::imported || b->import_fd < 0 || l.owner_id == 0 ||
+            fds.size() != 1 || !same_open_file(b->import_fd, fds[0]))
+          return;
+        b->source_rank = from;
+        b->source_id = l.owner_id;
+        b->source_process = s.member(from);
+      },
+      "learning who owns the buffers shared between ranks");
   records().for_each([&](allocation& b) {
     if (b.from == origin::imported && b.source_rank >= 0 && b.import_fd >= 0) {
       close_quietly(b.import_fd);  // matched for good
@@ -158,11 +169,8 @@ std::set<std::uint64_t> decide(group_session& s) {
     if (!mismatch.empty()) {
       problem(mismatch);
     } else {
-      mine.push_back(
-          {b.source_rank, b.source_id, releasable_here(b),
-           std::vector<std::uint32_t>(b.matched_indices.begin(), b.matched_indices.end())});
+      mine.push_back({b.source_rank, b.source_id, releasable_here(b)});
     }
-    b.matched_indices.clear();
   });
   std::vector<std::string> all =
       s.all_gather(encode_claims(mine), "telling owners who maps their buffers");
@@ -171,14 +179,7 @@ std::set<std::uint64_t> decide(group_session& s) {
     for (const claim& c : decode_from(s.describe(rank), "claiming buffers",
                                       [&] { return decode_claims(all[rank]); })) {
       if (c.owner != s.rank()) continue;
-      allocation* a = records().by_id(c.id);
-      if (a && local(*a)) {
-        for (std::uint32_t index : c.matched) {  // found in this pause: it holds that fd
-          if (index >= a->exports.size()) continue;
-          a->exports[index].matched = true;
-          if (!holds(a->importers, s.member(rank))) a->importers.push_back(s.member(rank));
-        }
-      }
+      const allocation* a = records().by_id(c.id);
       if (std::string refusal = claim_refusal(s, rank, c.id, a); !refusal.empty()) {
         problem(refusal);
         continue;

@@ -48,7 +48,7 @@ struct mapping_record {
 // that imports it (Note [matching shared allocations] in collective.cpp).
 struct export_record {
   int fd = -1;
-  bool matched = false;  // some process of the group was found to hold it
+  bool matched = false;  // this process found a process of the group holding it
 };
 
 struct allocation : meta_object {
@@ -76,7 +76,6 @@ struct allocation : meta_object {
   int source_rank = -1;
   std::uint64_t source_id = 0;
   process_identity source_process;
-  meta_vector<std::uint32_t> matched_indices;  // of the owner's exports, found in this pause
   // Created here and exported: the processes found to hold one of its fds, the only ones whose
   // claims on it are served (Note [matching shared allocations] in collective.cpp).
   meta_vector<process_identity> importers;

@@ -17,7 +17,7 @@ def s(b): return u32(len(b)) + b
 
 
 seeds = {
-    "hello": (0, u32(2) + u32(1) + i32(1) + i32(2) + s(b"torchrun:3f6c") + s(b"nccl") + u32(1)
+    "hello": (0, u32(3) + u32(1) + i32(1) + i32(2) + s(b"torchrun:3f6c") + s(b"nccl") + u32(1)
               + u32(0) + s(b"")),
     "welcome": (1, s(b"torchrun:3f6c") + s(b"nccl") + u32(2) + u64(100) + u64(5000) + u64(101)
                 + u64(5001)),
@@ -25,9 +25,8 @@ seeds = {
     "routed": (3, i32(1) + s(b"\x01\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00")),
     "outcome": (4, u32(0) + s(b"")),
     "list": (5, u32(3) + s(b"a") + s(b"") + s(b"ccc")),
-    "export_letter": (6, u64(7) + u32(0)),
-    "claims": (7, i32(0) + u64(7) + u32(1) + u32(2) + u32(0) + u32(1) + i32(1) + u64(9) + u32(0)
-               + u32(0)),
+    "match_letter": (6, u64(7) + u64(12)),
+    "claims": (7, i32(0) + u64(7) + u32(1) + i32(1) + u64(9) + u32(0)),
     "decisions": (8, u64(7) + u32(1) + u64(9) + u32(0)),
     "needs": (9, i32(0) + u64(7) + i32(1) + u64(3)),
     "handle_letter": (10, u64(7) + u32(1)),

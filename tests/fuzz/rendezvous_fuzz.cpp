@@ -89,7 +89,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       round_trip(in, decode_list, encode_list);
       break;
     case 6:
-      round_trip(in, decode_export_letter, encode_export_letter);
+      round_trip(in, decode_match_letter, encode_match_letter);
       break;
     case 7:
       round_trip(in, decode_claims, encode_claims);

@@ -1,11 +1,12 @@
 // claim_forger.cpp — a process of the job that forges claims on rank 0's buffers.
 //
-// It joins an NCCL pause or resume as the last rank and takes every step of the collective with
+// It joins NCCL pauses and resumes as the last rank and takes every step of the collective with
 // the real group layer (group_session) and the real payloads (messages.hpp), but with content an
 // honest shim never sends: it claims, or asks a new handle for, a buffer of rank 0 that rank 0
-// exported to another process. It learns the buffer's record id the way any member does, from
-// the letters rank 0 mails to every rank while matching. Modes:
-//   claim: at the claims step of a pause, claims the buffer (with no fd matched in this pause);
+// exported to another process. It learns the buffer's record id the way any member can, from the
+// claims the importer makes at a pause, which every rank receives. Modes:
+//   claim: takes a pause and a resume honestly, then at the claims step of a second pause claims
+//          the buffer as if it held it;
 //   need:  takes a pause honestly, then at the needs step of the resume asks for the buffer,
 //          then takes one more resume honestly (the one that finishes the job).
 // It exits 0 when rank 0 refused the forgery — PEER, naming this process and rank 0's — and it
@@ -58,21 +59,28 @@ struct forger {
                          std::to_string(o.status) + ": '" + o.message + "')");
   }
 
-  // Pause, up to the verdict on the claims; `forge` claims the target.
+  // Pause, up to the verdict on the claims; `forge` claims the target. Matching: it has nothing
+  // to match, keeps no descriptor it is sent, and must get none from rank 0.
   rank_outcome pause_until_verdict(group_session& s, bool forge) {
     outcome(s, "waiting for the devices to be idle");
-    s.mail(
-        {},
-        [&](int from, const std::string& blob, owned_fds&) {
-          if (from != 0 || knows_target) return;
-          target = decode_export_letter(blob).id;
-          knows_target = true;
-        },
-        "matching");
-    if (!knows_target) fail(TAGMEM_ERROR_INTERNAL, "rank 0 mailed no exported buffer");
+    // The owner hands a duplicate of its export only to a process it found holding it.
+    auto nothing_from_the_owner = [&](int from, const std::string&, owned_fds& fds) {
+      if (from == 0 && !fds.empty())
+        problems.push_back("rank 0 mailed a descriptor to a process it never exported to");
+    };
+    s.mail({}, nothing_from_the_owner, "matching");
+    s.mail({}, nothing_from_the_owner, "learning owners");
     std::vector<claim> claims;
-    if (forge) claims.push_back({0, target, true, {}});
-    s.all_gather(encode_claims(claims), "claiming");
+    if (forge) claims.push_back({0, target, true});
+    std::vector<std::string> all = s.all_gather(encode_claims(claims), "claiming");
+    for (int r = 1; r + 1 < s.size() && !knows_target; ++r) {
+      for (const claim& c : decode_claims(all[r])) {
+        if (c.owner != 0) continue;
+        target = c.id;
+        knows_target = true;
+      }
+    }
+    if (!knows_target) fail(TAGMEM_ERROR_INTERNAL, "no rank claimed a buffer of rank 0");
     return outcome(s, "checking who maps what");
   }
 
@@ -102,6 +110,16 @@ struct forger {
   }
 
   void claim_mode() {
+    {
+      auto s = join(group_op::pause);
+      rank_outcome verdict = pause_until_verdict(*s, false);
+      if (verdict.status != TAGMEM_SUCCESS)
+        fail(verdict.status, "the honest pause failed: " + verdict.message);
+      finish_pause(*s);
+    }
+    rank_outcome resumed = resume(false);
+    if (resumed.status != TAGMEM_SUCCESS)
+      fail(resumed.status, "the honest resume failed: " + resumed.message);
     auto s = join(group_op::pause);
     rank_outcome verdict = pause_until_verdict(*s, true);
     expect_refused(verdict, "claiming at a pause");

@@ -3,8 +3,9 @@
 // Three processes of one job form the group: this one (rank 0) owns a buffer of random bytes
 // and exports it to rank 1, a process under the shim that imports and maps it; rank 2 is
 // tagmem_claim_forger (claim_forger.cpp), which speaks the group's protocol itself and forges
-// what an honest shim never sends: at a pause, a claim on that buffer; at a resume, a request for
-// a new handle of it. Either way the call fails on every rank with PEER and a message naming
+// what an honest shim never sends: at a pause, a claim on that buffer (after a pause and resume
+// it took honestly, where it learned the buffer's id); at a resume, a request for a new handle
+// of it. Either way the call fails on every rank with PEER and a message naming
 // the owner's process and the forger's; the forger gets no descriptor of the buffer; and the
 // refused pause releases and maps nothing anywhere (the driver calls are counted), keeps every
 // byte where it was and leaks no descriptor.
@@ -76,6 +77,12 @@ TAGMEM_PEER_SCENARIO(forged_claim_importer) {
                " " + m);
   };
   if (mode == "claim") {
+    // A pause and a resume that the forger takes honestly, learning the buffer's id.
+    expect(shim().pause(group, 1, 3, kTimeoutMs) == TAGMEM_SUCCESS,
+           std::string("the first pause failed: ") + shim().last_error());
+    expect(shim().resume(group, 1, 3, kTimeoutMs) == TAGMEM_SUCCESS,
+           std::string("the first resume failed: ") + shim().last_error());
+    expect(intact(), "the first pause and resume lost the owner's bytes");
     long descriptors = open_descriptors();
     std::vector<std::uint64_t> calls = memory_calls();
     tagmem_status s = shim().pause(group, 1, 3, kTimeoutMs);
@@ -143,6 +150,11 @@ struct forged_group {
 
 TEST(ForgedClaims, AClaimOnABufferExportedToAnotherProcessFailsThePauseEverywhere) {
   forged_group g("claim");
+  // The forger learns the buffer's id at an honest pause, from the importer's claim.
+  ASSERT_EQ(shim().pause(g.group.c_str(), 0, 3, kTimeoutMs), TAGMEM_SUCCESS) << shim().last_error();
+  ASSERT_EQ(shim().resume(g.group.c_str(), 0, 3, kTimeoutMs), TAGMEM_SUCCESS)
+      << shim().last_error();
+  ASSERT_TRUE(g.intact());
   long descriptors = open_descriptors();
   std::vector<std::uint64_t> calls = memory_calls();
   tagmem_status s = shim().pause(g.group.c_str(), 0, 3, kTimeoutMs);

@@ -4,9 +4,9 @@
 // It takes every step of the collective with the real group layer (group_session) and the real
 // payloads (collective_messages.hpp), in the order an honest shim takes them, so nothing it sends
 // fails to decode; but at each step, with even odds, what it says is not what an honest rank
-// holding nothing would say: claims on buffers it learned of or invented (any owner, any
-// indices, released or kept), decisions on buffers it does not own, requests for handles, letters
-// to any rank with export or handle content and descriptors of its own (a pipe, /dev/null, one
+// holding nothing would say: claims on buffers it learned of or invented (any owner, released
+// or kept), decisions on buffers it does not own, requests for handles, letters
+// to any rank with matching or handle content and descriptors of its own (a pipe, /dev/null, one
 // that rank 0 mailed it), failures it reports with any status and message. It follows the
 // outcomes as a member does, so it stays in step with the honest ranks whatever they concluded.
 //
@@ -67,6 +67,7 @@ class liar {
     auto s = group_session::join(spec_, group_op::pause, true, TAGMEM_SUCCESS, "");
     if (!outcome(*s, "waiting")) return;
     mail(*s, true, "matching");
+    mail(*s, true, "learning owners");
     s->all_gather(encode_claims(claims()), "claiming");
     if (!outcome(*s, "checking claims")) return;
     s->all_gather(encode_decisions(decisions()), "deciding");
@@ -132,7 +133,9 @@ class liar {
   letter_handler learn() {
     return [this](int, const std::string& blob, owned_fds& fds) {
       try {
-        ids_.push_back(decode_export_letter(blob).id);
+        const match_letter l = decode_match_letter(blob);
+        ids_.push_back(l.importer_id);
+        if (l.owner_id) ids_.push_back(l.owner_id);
       } catch (const error&) {
         ids_.push_back(decode_handle_letter(blob).id);
       }
@@ -164,7 +167,7 @@ class liar {
       letter l;
       l.to = rng_() % 4 ? 0 : some_rank();
       l.blob = pausing == (rng_() % 4 != 0)
-                   ? encode_export_letter({some_id(), static_cast<std::uint32_t>(any_of(3))})
+                   ? encode_match_letter({some_id(), rng_() % 2 ? some_id() : 0})
                    : encode_handle_letter({some_id(), rng_() % 2 == 0});
       for (int k = static_cast<int>(any_of(3)); k > 0; --k)
         if (int fd = some_fd(); fd >= 0) l.fds.push_back(fd);
@@ -181,8 +184,6 @@ class liar {
       c.owner = some_rank();
       c.id = some_id();
       c.can_release = rng_() % 2;
-      for (int k = static_cast<int>(any_of(3)); k > 0; --k)
-        c.matched.push_back(static_cast<std::uint32_t>(rng_() % 4 ? any_of(3) : rng_()));
       out.push_back(std::move(c));
     }
     return out;
