@@ -26,20 +26,27 @@ void for_each_piece(device& dev, std::size_t count, int depth, std::size_t buffe
   std::atomic<bool> stop{false};
   std::mutex error_mutex;
   std::exception_ptr first;
+  // The bounce buffer goes back while the device's context is still current on this thread
+  // (cuMemFreeHost needs one): `owner` is destroyed before `guard`.
+  struct pinned_buffer {
+    void* p = nullptr;
+    ~pinned_buffer() {
+      if (p) driver::api().cuMemFreeHost(p);
+    }
+  };
   auto worker = [&]() noexcept {
-    void* bounce = nullptr;
     try {
       context_guard guard(dev.context());
-      TAGMEM_CU(cuMemHostAlloc, &bounce, buffer_bytes, 0u);
+      pinned_buffer owner;
+      TAGMEM_CU(cuMemHostAlloc, &owner.p, buffer_bytes, 0u);
       for (std::size_t i; !stop.load() && (i = next.fetch_add(1)) < count;) {
-        work(i, static_cast<char*>(bounce));
+        work(i, static_cast<char*>(owner.p));
       }
     } catch (...) {
       std::lock_guard lock(error_mutex);
       if (!first) first = std::current_exception();
       stop = true;
     }
-    if (bounce) driver::api().cuMemFreeHost(bounce);
   };
   const std::size_t threads = std::min<std::size_t>(static_cast<std::size_t>(depth), count);
   std::vector<std::thread> pool;

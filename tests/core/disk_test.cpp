@@ -289,6 +289,21 @@ TEST_F(EmulatorDisk, AnUnmapThatFailsLeavesTheTagResidentWithItsBytes) {
   EXPECT_EQ(corrupted(all), 0u);
 }
 
+// Each offload and reload takes pinned bounce buffers on threads of its own and gives every one
+// back to the driver before it returns.
+TEST_F(EmulatorDisk, BounceBuffersGoBackToTheDriver) {
+  const std::size_t pinned = emulator().pinned_host_bytes();
+  auto rng = rng_for_test();
+  auto all = fill(rng, "w", 3, (5 << 20) + 11);
+  for (int round = 0; round < 2; ++round) {
+    TAGMEM_OK(offload("w"));
+    EXPECT_EQ(emulator().pinned_host_bytes(), pinned) << "after offload " << round;
+    TAGMEM_OK(reload("w"));
+    EXPECT_EQ(emulator().pinned_host_bytes(), pinned) << "after reload " << round;
+    EXPECT_EQ(corrupted(all), 0u);
+  }
+}
+
 TEST_F(Disk, ShutdownRemovesTheFilesOfTagsStillOnDisk) {
   auto rng = rng_for_test();
   auto all = fill(rng, "w", 2, 2 << 20);
