@@ -2,7 +2,7 @@
 // (Note [C boundary] in c_error.hpp).
 #include "api/c_error.hpp"
 
-#include <cstdio>
+#include <cstring>
 #include <exception>
 #include <new>
 
@@ -12,30 +12,27 @@
 namespace tagmem {
 namespace {
 
-// The message lives in a std::string while the thread runs; once that thread_local is destroyed
-// (a thread's exit destructors may still call tagmem: Note [heap at thread exit] in
-// metadata_heap.cpp) in a fixed buffer, which has no destructor. (A thread whose first message
-// comes from a pthread key destructor leaves that string's memory behind: a thread_local made
-// then is never destroyed.)
-constinit thread_local bool t_text_gone = false;
-constinit thread_local char t_exit_text[512] = {};
-
-struct last_error {
-  std::string text;
-  ~last_error() { t_text_gone = true; }
-};
-thread_local last_error t_last_error;
+// The message lives in a fixed per-thread buffer with no destructor, so a call from any point of a
+// thread's exit (a C++ thread_local destructor, or a pthread key destructor, which runs after
+// those: Note [heap at thread exit] in metadata_heap.cpp) records its message and leaves nothing
+// behind. A thread_local with a destructor, first touched that late, is never destroyed: glibc
+// registers no destructor once the thread's own have run, and its memory would leak. Longer
+// messages are cut, and end with "..." so that a reader knows.
+constexpr std::size_t kMessageBytes = 1024;
+constinit thread_local char t_text[kMessageBytes] = {};
 
 }  // namespace
 
 tagmem_status record_c_error(tagmem_status code, const char* message) noexcept {
-  if (t_text_gone) {
-    std::snprintf(t_exit_text, sizeof t_exit_text, "%s", message);
-    return code;
-  }
-  try {
-    t_last_error.text = message;
-  } catch (...) {
+  if (message == nullptr) message = "";
+  std::size_t n = std::strlen(message);
+  if (n < kMessageBytes) {
+    std::memcpy(t_text, message, n + 1);
+  } else {
+    constexpr char kCut[] = "...";
+    std::size_t keep = kMessageBytes - sizeof kCut;
+    std::memcpy(t_text, message, keep);
+    std::memcpy(t_text + keep, kCut, sizeof kCut);
   }
   return code;
 }
@@ -44,9 +41,7 @@ tagmem_status record_c_error(tagmem_status code, const std::string& message) noe
   return record_c_error(code, message.c_str());
 }
 
-const char* last_c_error() noexcept {
-  return t_text_gone ? t_exit_text : t_last_error.text.c_str();
-}
+const char* last_c_error() noexcept { return t_text; }
 
 tagmem_status record_current_exception() noexcept {
   try {

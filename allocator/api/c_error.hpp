@@ -14,8 +14,8 @@
 
 namespace tagmem {
 
-// Stores `message` for tagmem_last_error() on this thread and returns `code`. Without memory for
-// the text, the message keeps its old contents.
+// Stores `message` for tagmem_last_error() on this thread and returns `code`. Needs no memory
+// (safe at any point of a thread's exit); a message over 1 KiB is cut and ends with "...".
 tagmem_status record_c_error(tagmem_status code, const char* message) noexcept;
 tagmem_status record_c_error(tagmem_status code, const std::string& message) noexcept;
 // The message tagmem_last_error() returns on this thread.

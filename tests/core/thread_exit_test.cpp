@@ -9,6 +9,7 @@
 #include <mutex>
 #include <thread>
 
+#include "api/c_error.hpp"
 #include "test_support.hpp"
 
 namespace tagmem::test {
@@ -178,6 +179,48 @@ TEST_F(ThreadExit, ScopeAndLastErrorWorkAfterTheirThreadLocalsAreGone) {
   EXPECT_EQ(failures.load(), 0);
   EXPECT_EQ(tag_seen, TAGMEM_DEFAULT_TAG);
   EXPECT_NE(message_seen.find("not"), std::string::npos) << message_seen;
+}
+
+// A thread whose first tagmem call fails, in a pthread key destructor: the message is there to
+// read, and nothing of it is left behind (under LeakSanitizer, a per-thread string made that late
+// is reported as a leak: glibc never destroys it).
+pthread_key_t g_failing_key;
+std::string* g_failing_message = nullptr;
+std::atomic<int> g_failing_status{TAGMEM_SUCCESS};
+
+void failing_key_destructor(void*) {
+  int on_stack = 0;
+  g_failing_status = tagmem_free(&on_stack, nullptr);
+  *g_failing_message = tagmem_last_error();
+}
+
+TEST_F(ThreadExit, FailingFirstCallInAKeyDestructorLeavesItsMessageAndNoMemory) {
+  std::string message;
+  g_failing_message = &message;
+  ASSERT_EQ(pthread_key_create(&g_failing_key, failing_key_destructor), 0);
+  std::thread t([] { pthread_setspecific(g_failing_key, &g_failing_key); });
+  t.join();
+  pthread_key_delete(g_failing_key);
+  EXPECT_NE(g_failing_status.load(), TAGMEM_SUCCESS);
+  EXPECT_NE(message.find("not"), std::string::npos) << message;
+}
+
+// A message longer than the per-thread buffer is cut, says so, and the next one replaces it whole.
+TEST_F(ThreadExit, LongMessagesAreCutAndSaySo) {
+  const std::string long_text = "start " + std::string(5000, 'x') + " end";
+  EXPECT_EQ(record_c_error(TAGMEM_ERROR_INVALID_ARGUMENT, long_text),
+            TAGMEM_ERROR_INVALID_ARGUMENT);
+  const std::string cut = tagmem_last_error();
+  EXPECT_GE(cut.size(), 1000u);
+  EXPECT_LT(cut.size(), long_text.size());
+  EXPECT_EQ(cut.rfind("start ", 0), 0u);
+  EXPECT_EQ(cut.substr(cut.size() - 3), "...");
+  int on_stack = 0;
+  EXPECT_NE(tagmem_free(&on_stack, nullptr), TAGMEM_SUCCESS);
+  const std::string next = tagmem_last_error();
+  EXPECT_LT(next.size(), 200u);
+  EXPECT_EQ(next.find("..."), std::string::npos) << next;
+  EXPECT_EQ(next.find('x'), std::string::npos) << next;
 }
 
 }  // namespace
