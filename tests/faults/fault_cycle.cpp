@@ -1,11 +1,10 @@
 // fault_cycle.cpp — the steps of the cycle, their completion and the byte checks (see header).
 #include "fault_cycle.hpp"
 
-#include <pthread.h>
-
 #include <cstring>
-#include <thread>
 #include <utility>
+
+#include "thread_exit_call.hpp"
 
 namespace tagmem::reliability {
 namespace {
@@ -21,43 +20,6 @@ std::string list(const std::vector<const char*>& tags) {
   std::string out = "{";
   for (std::size_t i = 0; i < tags.size(); ++i) out += (i ? "," : "") + std::string(tags[i]);
   return out + "}";
-}
-
-// tagmem_free(ptr) from a pthread key destructor of a new thread; `call_first`: the thread calls
-// tagmem (a tag scope) during its life, so its metadata heap is live until it exits. The status of
-// the first call that failed, and its message in `message`.
-tagmem_status free_at_thread_exit(void* ptr, bool call_first, std::string& message) {
-  struct job {
-    void* ptr;
-    tagmem_status status = TAGMEM_SUCCESS;
-    std::string message;
-    void failed(tagmem_status s) {
-      status = s;
-      message = tagmem_last_error();
-    }
-  };
-  static pthread_key_t key;
-  static const bool made = pthread_key_create(&key, [](void* v) {
-                             job* j = static_cast<job*>(v);
-                             const tagmem_status s = tagmem_free(j->ptr, nullptr);
-                             if (s != TAGMEM_SUCCESS) j->failed(s);
-                           }) == 0;
-  if (!made) {
-    message = "pthread_key_create failed";
-    return TAGMEM_ERROR_INTERNAL;
-  }
-  job j{ptr};
-  std::thread t([&] {
-    if (call_first) {
-      tagmem_status s = tagmem_push_tag("exit-scope");
-      if (s == TAGMEM_SUCCESS) s = tagmem_pop_tag();
-      if (s != TAGMEM_SUCCESS) return j.failed(s);
-    }
-    pthread_setspecific(key, &j);
-  });
-  t.join();
-  message = j.message;
-  return j.status;
 }
 
 }  // namespace
@@ -182,7 +144,7 @@ tagmem_status fault_cycle::run_call(std::size_t i) {
       tagmem_status st =
           s.what == kind::free
               ? tagmem_free(a.ptr, nullptr)
-              : free_at_thread_exit(a.ptr, s.what == kind::free_in_exit, exit_error_);
+              : free_at_thread_exit(a.ptr, nullptr, s.what == kind::free_in_exit, exit_error_);
       a.freed = st == TAGMEM_SUCCESS;
       return st;
     }

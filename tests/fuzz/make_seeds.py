@@ -244,6 +244,32 @@ def seeds():
     p.swap(["t0"], [], mode=DISCARD)
     p.reload(["t0"])
     s["small_arenas_and_mappings"] = p
+
+    # Frees at a thread's exit (free kind + 6 * where: 2 as the thread's first call, 3 after it
+    # used tagmem), of live, stale and NULL pointers, resident and offloaded.
+    p = Program()
+    fill(p, "t0")
+    fill(p, "kv", DEV1)
+    p.free(0 + 6 * 2, 0)
+    p.free(0 + 6 * 3, 1)
+    p.free(3 + 6 * 2, 0)
+    p.free(4 + 6 * 3, 0)
+    p.offload(["t0"])
+    p.free(0 + 6 * 3, 0)
+    p.reload(["t0"])
+    p.free(0 + 6 * 2, 2, stream=1)
+    s["frees_at_thread_exit"] = p
+
+    # The release clock's page (header bits 6-7): fresh, a hostile value, truncated.
+    for state, name in ((1, "fresh"), (2, "hostile_value"), (3, "truncated")):
+        p = Program(config=state << 6)
+        fill(p, "kv")
+        p.offload(["kv"], mode=DISCARD)
+        fill(p, "t0")
+        p.offload(["t0"])
+        p.reload(["t0"])
+        p.reload(["kv"])
+        s["clock_page_" + name] = p
     return s
 
 

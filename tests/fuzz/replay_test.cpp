@@ -48,7 +48,16 @@ void replay(const char* dir, std::size_t at_least) {
   if (!files.empty()) EXPECT_GT(process_totals().operations, ops_before);
 }
 
-TEST(FuzzReplay, SeedCorpusRunsClean) { replay("corpus", 8); }
+TEST(FuzzReplay, SeedCorpusRunsClean) {
+  replay("corpus", 8);
+  if (std::getenv("TAGMEM_FUZZ_ONLY")) return;
+  // The seeds reach the paths of hostile and unlucky conditions: a free at a thread's exit, as
+  // its first call and after it used tagmem, and every state of the release clock's page.
+  const totals& t = process_totals();
+  EXPECT_GT(t.frees_at_thread_exit[0], 0u);
+  EXPECT_GT(t.frees_at_thread_exit[1], 0u);
+  for (int state = 0; state < 4; ++state) EXPECT_GT(t.clock_page_states[state], 0u) << state;
+}
 
 TEST(FuzzReplay, PastFindingsStayFixed) { replay("regressions", 0); }
 

@@ -19,6 +19,8 @@
 #include "state_machine.hpp"
 
 #include <cuda.h>
+#include <fcntl.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstdlib>
@@ -26,10 +28,12 @@
 #include <sstream>
 
 #include "c_calls.h"
+#include "device/release_clock.hpp"
 #include "driver/driver.hpp"
 #include "emu_controls.hpp"
 #include "model.hpp"
 #include "program_reader.hpp"
+#include "thread_exit_call.hpp"
 
 namespace tagmem::fuzz {
 namespace {
@@ -211,6 +215,7 @@ class runner {
   void before_call();
   void after_call();
   // Checks a status; returns true when the call succeeded as the model predicted.
+  const char* other_thread_message_ = nullptr;  // the message of a call made on another thread
   bool expect(const std::string& call, tagmem_status got, const status_set& rejected,
               tagmem_status predicted = TAGMEM_SUCCESS);
 
@@ -332,7 +337,10 @@ void runner::after_call() {
 bool runner::expect(const std::string& call, tagmem_status got, const status_set& rejected,
                     tagmem_status predicted) {
   log(call + " -> " + tagmem_status_string(got));
-  if (got != TAGMEM_SUCCESS && tagmem_last_error()[0] == '\0') {
+  // A call made on another thread left its message there (op_free).
+  const char* message = other_thread_message_ ? other_thread_message_ : tagmem_last_error();
+  other_thread_message_ = nullptr;
+  if (got != TAGMEM_SUCCESS && message[0] == '\0') {
     fail(call + " failed with " + tagmem_status_string(got) + " but no message");
   }
   if (fired_) {
@@ -353,8 +361,8 @@ bool runner::expect(const std::string& call, tagmem_status got, const status_set
     return false;
   }
   if (got != predicted) {
-    fail(call + " returned " + tagmem_status_string(got) + " (" + tagmem_last_error() +
-         "), model predicted " + tagmem_status_string(predicted));
+    fail(call + " returned " + tagmem_status_string(got) + " (" + message + "), model predicted " +
+         tagmem_status_string(predicted));
   }
   return got == TAGMEM_SUCCESS;
 }
@@ -589,7 +597,17 @@ void runner::op_alloc(bool null_out) {
 }
 
 void runner::op_free() {
-  const std::uint8_t kind = in_.byte() % 6;
+  const std::uint8_t kind_byte = in_.byte();
+  const std::uint8_t kind = kind_byte % 6;
+  // Where it is called: 0, 1 on this thread; 2 at the exit of a new thread, as its first call;
+  // 3 at the exit of a thread that used tagmem (thread_exit_call.hpp).
+  int where = kind_byte / 6 % 4;
+  // The thread that used tagmem pushes a tag of device 0 that exists, so that it creates none.
+  const char* scope_tag = nullptr;
+  for (const auto& [key, t] : m_.tags) {
+    if (key.first == 0 && valid_name(key.second.c_str())) scope_tag = key.second.c_str();
+  }
+  if (where == 3 && !scope_tag) where = 2;
   const std::uint8_t index = in_.byte();
   const std::uint8_t sel = in_.byte();
   void* p = nullptr;
@@ -645,10 +663,22 @@ void runner::op_free() {
   }
   const CUstream stream = stream_for(stream_device, sel);
   before_call();
-  tagmem_status s = tagmem_free(p, stream);
+  std::string exit_message;
+  tagmem_status s = where < 2
+                        ? tagmem_free(p, stream)
+                        : reliability::free_at_thread_exit(p, stream, where == 3, exit_message,
+                                                           scope_tag ? scope_tag : "");
   after_call();
   std::ostringstream call;
   call << what << " " << p << " stream " << stream;
+  if (where >= 2) {
+    other_thread_message_ = exit_message.c_str();
+    ++g_totals.frees_at_thread_exit[where - 2];
+  }
+  if (where >= 2)
+    call << (where == 3 ? " at the exit of a thread that used tagmem"
+                        : " at the exit of a new thread")
+         << " (" << exit_message << ")";
   if (!expect(call.str(), s, errs)) return;
   allocation& a = m_.allocations[live];
   m_.find(a.device, a.tag)->free_count++;
@@ -877,6 +907,32 @@ void runner::finish() {
   }
 }
 
+// The release clock's page (Note [clock page]) in one of the states another process may leave
+// it in: 0 none (the process keeps its own clock), 1 fresh, 2 holding a hostile value
+// (INT64_MAX: the far future), 3 truncated to nothing while in use. Whichever, every byte must
+// come back; only which engine copies may change.
+void use_clock_page(int state) {
+  static const std::string path =
+      "/dev/shm/tagmem-fuzz-clock-" + std::to_string(::getpid());  // this process's alone
+  release_clock::reset();
+  ::unlink(path.c_str());
+  if (state == 0 || !release_clock::share_through(path)) {
+    release_clock::share_through("");
+    return;
+  }
+  if (state == 2) {
+    const std::int64_t far = INT64_MAX;
+    const int fd = ::open(path.c_str(), O_WRONLY | O_CLOEXEC);
+    if (fd >= 0) {
+      (void)!::pwrite(fd, &far, sizeof far, 0);
+      ::close(fd);
+    }
+  } else if (state == 3) {
+    (void)!::truncate(path.c_str(), 0);
+  }
+  ::unlink(path.c_str());  // the open page goes on working; nothing is left in /dev/shm
+}
+
 program_result runner::run() {
   const auto& emu = reliability::emu();
   const std::uint8_t config = in_.byte();
@@ -887,6 +943,8 @@ program_result runner::run() {
   cfg_.arena_bytes = arena[(config >> 1) & 3];
   cfg_.copy_piece_bytes = (config & 8) ? (1u << 20) : 0;
   cfg_.max_mapping_bytes = max_mapping[(config >> 4) & 3];
+  use_clock_page(config >> 6);
+  ++g_totals.clock_page_states[config >> 6];
   for (int d = 0; d < kDevices; ++d) {
     m_.device_bytes[d] = (24u + (in_.byte() % 5) * 8u) << 20;
     emu.set_device_bytes(d, m_.device_bytes[d]);

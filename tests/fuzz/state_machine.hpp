@@ -10,12 +10,14 @@
 //
 // Input format (program_reader.hpp: bytes past the end read as 0):
 //   header  config byte: bit 0 chunk 2|4 MiB; bits 1-2 arena default|8|32|64 MiB;
-//           bit 3 copy piece 64|1 MiB; bits 4-5 max mapping 1 GiB|2|4|8 MiB
+//           bit 3 copy piece 64|1 MiB; bits 4-5 max mapping 1 GiB|2|4|8 MiB;
+//           bits 6-7 the release clock's page: none|fresh|a hostile value|truncated
 //           two bytes: device 0 and 1 sizes, 24 + (b % 5) * 8 MiB
 //   ops     one opcode byte (b % op_count), then its operands:
 //     push       name                     pop
 //     alloc      flags(bit0 tagged, bits1-2 stream) name device size_class u16
-//     free       kind index stream        (kind: live, interior, stale, null, host pointer)
+//     free       kind index stream        (kind: live, interior, stale, null, host pointer;
+//                                          (kind / 6) % 4: 2 or 3 calls it at a thread's exit)
 //     offload    list device mode         reload   list device
 //     swap       list list device mode    empty_cache  device
 //     rewrite    index u24                (new random bytes into a live allocation)
@@ -45,6 +47,9 @@ struct totals {
   std::uint64_t rejected_as_expected = 0;  // invalid calls that failed with an expected error
   std::uint64_t faults_fired = 0;          // injected driver failures that hit a call
   std::uint64_t bytes_verified = 0;        // bytes compared against the model
+  // Frees made at a thread's exit: as its first call, and after it used tagmem.
+  std::uint64_t frees_at_thread_exit[2] = {0, 0};
+  std::uint64_t clock_page_states[4] = {0, 0, 0, 0};  // programs run with each (header bits 6-7)
 };
 
 // Process-wide set-up: environment defaults, the emulator, contexts and streams. Returns false
