@@ -6,6 +6,7 @@ emulated driver, TAGMEM_PRELOAD_LIBRARY set to the build's shim).
 import ctypes.util
 import os
 import re
+import signal
 import subprocess
 import sys
 
@@ -175,3 +176,27 @@ def test_stats_without_a_driver_fails_with_the_reason(tmp_path):
     assert out.returncode == 1
     assert out.stdout == ""
     assert "cannot load the CUDA driver" in out.stderr
+
+
+def test_every_command_ends_quietly_when_its_reader_has_gone():
+    # `python -m tagmem stats | head -1`: the reader is gone before the command writes. Without
+    # the default SIGPIPE action Python raises BrokenPipeError and prints a traceback.
+    for command in (["stats"], ["config"], ["preload-path"]):
+        read_end, write_end = os.pipe()
+        os.close(read_end)
+        try:
+            out = subprocess.run([sys.executable, "-m", "tagmem", *command], stdout=write_end,
+                                 stderr=subprocess.PIPE, text=True, timeout=120)
+        finally:
+            os.close(write_end)
+        assert out.returncode == -signal.SIGPIPE, (command, out.returncode, out.stderr)
+        assert "Traceback" not in out.stderr and "BrokenPipeError" not in out.stderr, out.stderr
+
+
+def test_run_starts_its_command_with_the_default_sigpipe_action():
+    # Python ignores SIGPIPE, and an ignored signal stays ignored across exec: the command would
+    # then not end when its reader goes away. cat is the command itself (run execs it).
+    out = tagmem_cli("run", "--", "cat", "/proc/self/status")
+    assert out.returncode == 0, out.stderr
+    ignored = next(line for line in out.stdout.splitlines() if line.startswith("SigIgn:"))
+    assert not int(ignored.split()[1], 16) & (1 << (signal.SIGPIPE - 1)), ignored

@@ -16,6 +16,7 @@ tagmem opens no channel into a process for others to read.
 
 import argparse
 import os
+import signal
 import sys
 
 from . import _api, _entry_points, _errors, _lib
@@ -156,4 +157,7 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
+    # A command-line tool ends quietly when the reader of its output goes away (`| head`), as
+    # cat does, instead of Python's BrokenPipeError; `run` execs its command with that default too.
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)
     sys.exit(main())
