@@ -7,8 +7,9 @@
 #    with the shim's fuzz tests run with fixed seeds: TAGMEM_CALLS_FUZZ_STEPS (100) steps per
 #    thread of runtime and driver calls, TAGMEM_SETTINGS_FUZZ_ROUNDS (10) processes started with
 #    random settings, TAGMEM_PEER_FUZZ_ROUNDS (20) pauses and resumes with a rank that lies.
-# 2. The state-machine fuzzer, built in the same tree, for TAGMEM_FUZZ_SECONDS (120); then the
-#    rendezvous message fuzzer for TAGMEM_RDV_FUZZ_SECONDS (60).
+# 2. The state-machine fuzzer, built in the same tree, for TAGMEM_FUZZ_SECONDS (60); then the
+#    rendezvous message fuzzer for TAGMEM_RDV_FUZZ_SECONDS (30). Longer runs, by hand, are where
+#    the fuzzers explore (docs/reliability.md); CI's runs keep the gate quick.
 # 3. ThreadSanitizer build: the threaded tests (Threads.*, Release.*, EmulatorRelease.*, background
 #    pinning, StreamReuse.*, the recycler shared with the release thread and the pin-ahead thread
 #    (one test of each interplay: see the filter), Stress.*, EmulatorStress.*), and the shim's
@@ -17,7 +18,7 @@
 # finding fails the script. Build trees go under <build-root> (default: build-san/ in the repo).
 #
 # Usage: bash tests/sanitizers.sh [build-root]
-# Env:   TAGMEM_SAN_JOBS (build and test parallelism, default nproc), TAGMEM_FUZZ_SECONDS (120),
+# Env:   TAGMEM_SAN_JOBS (build and test parallelism, default nproc), TAGMEM_FUZZ_SECONDS (60),
 #        TAGMEM_SAN_SKIP=asan,fuzz,tsan (parts to leave out), TAGMEM_SAN_TARGETS (extra targets
 #        for the ASan tree, e.g. other emu-labelled test binaries).
 set -euo pipefail
@@ -46,7 +47,10 @@ scan() {
 configure() {  # <dir> <sanitizers> [cmake args...]
   local dir=$1 san=$2
   shift 2
+  # Line tables only: a report still names files and lines, and the two trees build faster.
   cmake -S "$repo" -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+    -DCMAKE_C_FLAGS_RELWITHDEBINFO="-O2 -gline-tables-only -DNDEBUG" \
+    -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O2 -gline-tables-only -DNDEBUG" \
     -DTAGMEM_SANITIZE="$san" -DTAGMEM_BUILD_BENCHMARKS=OFF \
     -DCMAKE_CXX_STANDARD_LIBRARIES=-Wl,-z,undefs -DCMAKE_C_STANDARD_LIBRARIES=-Wl,-z,undefs \
     "$@" >"$dir.configure.log" 2>&1 || { cat "$dir.configure.log"; return 1; }
@@ -150,7 +154,7 @@ fi
 if [[ ",$skip," != *",fuzz,"* ]]; then
   start=$SECONDS
   common_env
-  if bash "$repo/tests/fuzz/run.sh" "$asan" "${TAGMEM_FUZZ_SECONDS:-120}" "$asan/fuzz-work" \
+  if bash "$repo/tests/fuzz/run.sh" "$asan" "${TAGMEM_FUZZ_SECONDS:-60}" "$asan/fuzz-work" \
       >"$asan.fuzz.out" 2>&1 && scan "$asan/fuzz-work/fuzz.log"; then
     summary+=("fuzzer: $(grep -E 'stat::number_of_executed_units' "$asan/fuzz-work/fuzz.log" | tail -1 | tr -s ' ') in $((SECONDS - start))s; $(grep -E '^\[tagmem fuzz\]' "$asan/fuzz-work/fuzz.log" | tail -1)")
   else
@@ -169,7 +173,7 @@ if [[ ",$skip," != *",fuzz,"* ]]; then
   cp -n "$repo"/tests/fuzz/rendezvous_corpus/* "$work/corpus/" 2>/dev/null || true
   log=$work/fuzz.log
   if ASAN_OPTIONS=detect_leaks=1:intercept_tls_get_addr=0 \
-     "$asan/tests/fuzz/tagmem_fuzz_rendezvous" -max_total_time="${TAGMEM_RDV_FUZZ_SECONDS:-60}" \
+     "$asan/tests/fuzz/tagmem_fuzz_rendezvous" -max_total_time="${TAGMEM_RDV_FUZZ_SECONDS:-30}" \
        -seed=1 -max_len=4096 -rss_limit_mb=2048 -print_final_stats=1 \
        -artifact_prefix="$work/" "$work/corpus" >"$log" 2>&1 &&
      [ -z "$(ls "$work"/crash-* "$work"/leak-* "$work"/oom-* "$work"/timeout-* 2>/dev/null)" ] &&
