@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Installs tagmem the ways the README describes and uses each result as a user would, on a machine
 # without a GPU (the emulated driver stands in). Called by tests/run_all.sh.
-#   1. a library-only CMake build (tests, benchmarks and their dependencies made unfindable),
-#      `cmake --install` into a temporary prefix, and tests/install/consumer built against it with
+#   1. `cmake --install` into a temporary prefix — of the build given as the argument, else of a
+#      library-only CMake build made here — and tests/install/consumer built against it with
 #      find_package(tagmem) and with pkg-config; the consumer added as a subproject of tagmem's
-#      tree configures without those dependencies too;
+#      tree configures without tests, benchmarks and their dependencies;
 #   2. `pip install --no-build-isolation --no-index ./integrations/torch` into a fresh virtual
 #      environment (the package builds its native libraries itself), `python -m tagmem` and a tag
 #      API call on the packaged emulated driver, every packaged ELF file's run path, then
@@ -35,11 +35,19 @@ if git -C "$repo" rev-parse --is-inside-work-tree >/dev/null 2>&1; then
   untracked_before=$(git -C "$repo" status --porcelain --untracked-files=all)
 fi
 
-step "library-only build, cmake --install"
-cmake --no-warn-unused-cli -S . -B "$work/lib" -G Ninja -DCMAKE_BUILD_TYPE=Release -DTAGMEM_BUILD_TESTS=OFF \
-  -DTAGMEM_BUILD_BENCHMARKS=OFF "${no_deps[@]}" >/dev/null
-cmake --build "$work/lib" -j "$jobs" >/dev/null
-cmake --install "$work/lib" --prefix "$work/prefix" >/dev/null  # a prefix chosen only now
+# A library-only build (tests, benchmarks and their dependencies made unfindable) is what step 2's
+# package makes too, so with a build given, that one is installed instead of building a third time.
+if [ -n "$build" ]; then
+  step "cmake --install of $build"
+  installed_from=$build
+else
+  step "library-only build, cmake --install"
+  cmake --no-warn-unused-cli -S . -B "$work/lib" -G Ninja -DCMAKE_BUILD_TYPE=Release -DTAGMEM_BUILD_TESTS=OFF \
+    -DTAGMEM_BUILD_BENCHMARKS=OFF "${no_deps[@]}" >/dev/null
+  cmake --build "$work/lib" -j "$jobs" >/dev/null
+  installed_from=$work/lib
+fi
+cmake --install "$installed_from" --prefix "$work/prefix" >/dev/null  # a prefix chosen only now
 libdir=$(find "$work/prefix" -name libtagmem.so.1 -printf '%h\n' | head -n1)
 [ -n "$libdir" ] || fail "cmake --install put no libtagmem.so.1 under $work/prefix"
 emu=$libdir/libtagmem_emu.so
