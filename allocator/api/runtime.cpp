@@ -52,6 +52,49 @@ void stop() {
   delete g_registry.exchange(nullptr);
 }
 
+namespace {
+
+// Runs f(holds) under a hold when the runtime exists; `none` otherwise.
+template <class R, class F>
+R if_started(R none, F&& f) {
+  std::shared_lock lock(g_lifetime);
+  registry* r = g_registry.load();
+  return r ? f(r->held_by_nccl()) : none;
+}
+
+}  // namespace
+
+namespace nccl_hold {
+
+std::optional<CUresult> retain(CUdeviceptr address, CUmemGenericAllocationHandle* handle,
+                               const std::function<CUresult()>& retain) {
+  return if_started(std::optional<CUresult>{},
+                    [&](nccl_holds& h) { return h.retain(address, handle, retain); });
+}
+bool exported(CUmemGenericAllocationHandle h) {
+  return if_started(false, [&](nccl_holds& n) { return n.exported(h); });
+}
+bool released(CUmemGenericAllocationHandle h) {
+  return if_started(false, [&](nccl_holds& n) { return n.released(h); });
+}
+bool mapped(CUmemGenericAllocationHandle h, CUdeviceptr va) {
+  return if_started(false, [&](nccl_holds& n) { return n.mapped(h, va); });
+}
+void unmapped(CUdeviceptr va, std::size_t size) {
+  if_started(0, [&](nccl_holds& n) { return n.unmapped(va, size), 0; });
+}
+void pinned(CUdeviceptr va, std::size_t size, const char* by) {
+  if_started(0, [&](nccl_holds& n) { return n.pinned(va, size, by), 0; });
+}
+void registered(const void* comm, const void* reg, CUdeviceptr base, std::size_t size) {
+  if_started(0, [&](nccl_holds& n) { return n.registered(comm, reg, base, size), 0; });
+}
+void deregistered(const void* comm, const void* reg) {
+  if_started(0, [&](nccl_holds& n) { return n.deregistered(comm, reg), 0; });
+}
+
+}  // namespace nccl_hold
+
 host_store* store_if_started() noexcept {
   registry* r = g_registry.load();
   return r ? r->existing_store() : nullptr;

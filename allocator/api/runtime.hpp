@@ -23,6 +23,8 @@
 
 #include <cuda.h>
 
+#include <functional>
+#include <optional>
 #include <shared_mutex>
 
 #include "api/c_error.hpp"
@@ -83,6 +85,25 @@ host_store* store_if_started() noexcept;
 // it retains the primary context for the wait only. Returns the driver's error (a sticky error
 // of earlier work, CUDA_ERROR_INVALID_VALUE for a bad ordinal); never throws; thread-safe.
 CUresult synchronize_device(int device) noexcept;
+
+// Tagged memory NCCL holds outside tagmem, reported by the LD_PRELOAD shim for NCCL's driver
+// calls and the application's registrations: while NCCL holds a tag's memory, offloading or
+// swapping the tag out is refused (Note [nccl holds] in registry/nccl_holds.hpp). Each call
+// does nothing (nullopt, false) when the runtime does not exist: no memory is tagged then.
+// Thread-safe; they throw std::bad_alloc only.
+namespace nccl_hold {
+// Runs `retain` (the driver's cuMemRetainAllocationHandle at `address`, writing `*handle`)
+// with the owning tag locked and records the reference; nullopt (not run) for untagged memory.
+std::optional<CUresult> retain(CUdeviceptr address, CUmemGenericAllocationHandle* handle,
+                               const std::function<CUresult()>& retain);
+bool exported(CUmemGenericAllocationHandle h);  // false: not a handle NCCL retained
+bool released(CUmemGenericAllocationHandle h);
+bool mapped(CUmemGenericAllocationHandle h, CUdeviceptr va);
+void unmapped(CUdeviceptr va, std::size_t size);
+void pinned(CUdeviceptr va, std::size_t size, const char* by);  // multicast, dma-buf
+void registered(const void* comm, const void* reg, CUdeviceptr base, std::size_t size);
+void deregistered(const void* comm, const void* reg);
+}  // namespace nccl_hold
 
 }  // namespace runtime
 }  // namespace tagmem

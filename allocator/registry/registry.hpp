@@ -22,6 +22,7 @@
 #include "options/config.hpp"
 #include "registry/early_offloads.hpp"
 #include "registry/ipc_source.hpp"
+#include "registry/nccl_holds.hpp"
 #include "tags/tag.hpp"
 
 namespace tagmem {
@@ -86,6 +87,8 @@ class registry {
   void ipc_forget(std::uint64_t base, std::uint64_t size) noexcept;
   handoff::ipc_server_counters ipc_counters();
   std::size_t ipc_open_here();
+  // Tagged memory NCCL holds, as the LD_PRELOAD shim reports it (Note [nccl holds]).
+  nccl_holds& held_by_nccl() noexcept { return nccl_holds_; }
 
  private:
   struct device_slot {
@@ -118,12 +121,14 @@ class registry {
   std::unique_ptr<host_store> store_;
   std::unique_ptr<background_pinning> pinner_;  // null with TAGMEM_PIN_AHEAD=off
   std::unique_ptr<early_offloads> early_;       // with TAGMEM_OFFLOAD_RETURN=queued
-  // Throws PEER, naming the process, when a live import maps memory of one of `tags`.
+  // Throws PEER, naming the process, when a live import maps memory of one of `tags`, or
+  // naming the hold when NCCL holds some (Note [nccl holds]).
   void refuse_if_imported(const meta_vector<tag*>& tags, const char* operation);
   std::mutex ipc_mutex_;  // the fields below
   tag_ipc_source ipc_source_;
   std::unique_ptr<handoff::ipc_server> ipc_server_;  // created by the first export
   std::vector<std::unique_ptr<handoff::ipc_import>> imports_;
+  nccl_holds nccl_holds_;
 };
 
 // Checks a tag name (non-empty, at most TAGMEM_MAX_TAG_NAME bytes, printable, no spaces).

@@ -109,6 +109,7 @@ std::size_t registry::ipc_open_here() {
 }
 
 void registry::refuse_if_imported(const meta_vector<tag*>& tags, const char* operation) {
+  nccl_holds_.refuse(tags, operation);
   std::vector<handoff::ipc_importer> live;
   {
     std::lock_guard lock(ipc_mutex_);

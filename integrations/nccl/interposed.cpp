@@ -13,6 +13,7 @@
 #include <cstring>
 #include <mutex>
 #include <new>
+#include <optional>
 
 #include "api/runtime.hpp"
 #include "records.hpp"
@@ -81,6 +82,16 @@ void remember_access(mapping_record& m, const CUmemAccessDesc* desc, size_t coun
   }
 }
 
+// Reports a binding of tagged memory after the driver call succeeded (Note [nccl holds]); it
+// cannot be undone here, so without memory to record it the binding goes unrecorded.
+template <class F>
+void note_held(F&& f) noexcept {
+  try {
+    f();
+  } catch (...) {
+  }
+}
+
 // The mappings of `a` that start inside [va, va + size).
 template <class F>
 void for_mappings_in(allocation& a, CUdeviceptr va, std::size_t size, F&& f) {
@@ -124,7 +135,11 @@ CUresult mem_release(CUmemGenericAllocationHandle handle) {
   auto real = captured().cuMemRelease.load();
   std::lock_guard lock(records().mutex());
   allocation* a = records().by_visible(handle);
-  if (!a) return real(handle);
+  if (!a) {
+    const CUresult r = real(handle);
+    if (r == CUDA_SUCCESS) runtime::nccl_hold::released(handle);  // Note [nccl holds]
+    return r;
+  }
   if (a->app_refs <= 0) return CUDA_ERROR_INVALID_VALUE;  // what the driver says, too
   if (a->app_refs == 1 && a->real_held) {
     if (CUresult r = real(a->real); r != CUDA_SUCCESS) return r;
@@ -140,7 +155,18 @@ CUresult mem_map(CUdeviceptr va, size_t size, size_t offset, CUmemGenericAllocat
   auto real = captured().cuMemMap.load();
   std::lock_guard lock(records().mutex());
   allocation* a = records().by_visible(handle);
-  if (!a) return real(va, size, offset, handle, flags);
+  if (!a) {
+    const CUresult r = real(va, size, offset, handle, flags);
+    if (r != CUDA_SUCCESS) return r;
+    try {
+      runtime::nccl_hold::mapped(handle, va);
+    } catch (const std::bad_alloc&) {
+      captured().cuMemUnmap.load()(va,
+                                   size);  // an unrecorded mapping of tagged memory would go stale
+      return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    return r;
+  }
   if (a->app_refs <= 0) return CUDA_ERROR_INVALID_VALUE;
   if (a->released) return CUDA_ERROR_NOT_PERMITTED;  // NCCL ran while paused
   CUresult r = real(va, size, offset, a->real, flags);
@@ -159,7 +185,11 @@ CUresult mem_unmap(CUdeviceptr va, size_t size) {
   auto real = captured().cuMemUnmap.load();
   std::lock_guard lock(records().mutex());
   meta_vector<allocation*> hit = records().mapped_in(va, size);
-  if (hit.empty()) return real(va, size);
+  if (hit.empty()) {
+    const CUresult r = real(va, size);
+    if (r == CUDA_SUCCESS) runtime::nccl_hold::unmapped(va, size);
+    return r;
+  }
   bool any_resident = false;
   for (allocation* a : hit) any_resident |= !a->released;
   if (any_resident) {
@@ -218,7 +248,11 @@ CUresult mem_export(void* shareable, CUmemGenericAllocationHandle handle,
   auto real = captured().cuMemExportToShareableHandle.load();
   std::lock_guard lock(records().mutex());
   allocation* a = records().by_visible(handle);
-  if (!a) return real(shareable, handle, type, flags);
+  if (!a) {
+    const CUresult r = real(shareable, handle, type, flags);
+    if (r == CUDA_SUCCESS) runtime::nccl_hold::exported(handle);  // Note [nccl holds]
+    return r;
+  }
   if (a->app_refs <= 0) return CUDA_ERROR_INVALID_VALUE;
   if (a->released) return CUDA_ERROR_NOT_PERMITTED;
   CUresult r = real(shareable, a->real, type, flags);
@@ -267,6 +301,16 @@ CUresult mem_retain(CUmemGenericAllocationHandle* handle, void* address) {
   auto real = captured().cuMemRetainAllocationHandle.load();
   std::lock_guard lock(records().mutex());
   allocation* a = records().by_address(reinterpret_cast<CUdeviceptr>(address));
+  if (!a && handle) {
+    // Tagged memory (a registered user buffer): Note [nccl holds].
+    try {
+      std::optional<CUresult> r = runtime::nccl_hold::retain(
+          reinterpret_cast<CUdeviceptr>(address), handle, [&] { return real(handle, address); });
+      if (r) return *r;
+    } catch (const std::bad_alloc&) {
+      return CUDA_ERROR_OUT_OF_MEMORY;  // nothing retained
+    }
+  }
   if (!a || !handle || a->from == origin::classic) return real(handle, address);
   if (!a->released && !a->real_held) {
     CUmemGenericAllocationHandle h = 0;
@@ -312,6 +356,7 @@ CUresult multicast_bind_addr(CUmemGenericAllocationHandle mc, size_t mc_offset, 
   if (r == CUDA_SUCCESS) {
     for (allocation* a : records().mapped_in(mem, size)) a->multicast = true;
     if (allocation* a = records().by_address(mem)) a->multicast = true;
+    note_held([&] { runtime::nccl_hold::pinned(mem, size, "a multicast object (NVLS)"); });
   }
   return r;
 }
@@ -326,6 +371,7 @@ CUresult mem_get_handle_for_range(void* handle, CUdeviceptr va, size_t size,
     // physical pages it was given: the allocation must never move. Note [what stays resident].
     for (allocation* a : records().mapped_in(va, size)) a->dma_buf = true;
     if (allocation* a = records().by_address(va)) a->dma_buf = true;
+    note_held([&] { runtime::nccl_hold::pinned(va, size, "a dma-buf (GPUDirect RDMA)"); });
   }
   return r;
 }
