@@ -17,8 +17,14 @@
 #   free-ordering            PyTorch under the shim with a default tag: a tensor freed on a side
 #                            stream while its kernels run, empty_cache(), a new tensor on the
 #                            default stream; not one byte of it may be overwritten (5 trials)
-# --one-gpu runs only what needs a single GPU (the emulator suite, runtime-default-tag and
-# free-ordering) and reports the two-rank NCCL phases as SKIP.
+#   register-1rank           a tagged MemPool registered with a one-rank NCCL communicator
+#                            (ncclCommRegister through the shim): offload allowed, bytes kept,
+#                            collectives exact before and after (torch_nccl_register.py)
+#   register-2rank           the same with two ranks and a captured CUDA graph: offload refused
+#                            with PEER while NCCL shares the buffer, allowed after
+#                            deregister_mem_pool, exact results and no hang after re-registering
+# --one-gpu runs only what needs a single GPU (the emulator suite, runtime-default-tag,
+# free-ordering and register-1rank) and reports the two-rank NCCL phases as SKIP.
 # With TAGMEM_LIBCUDA set (emulated driver) only the emulator suite runs; the PyTorch phases
 # are reported as SKIP (they need a real GPU), never as passed.
 #
@@ -104,8 +110,9 @@ else
 fi
 
 # ---- PyTorch + NCCL on real GPUs ---------------------------------------------------------------
-NCCL_PHASES=(baseline-cumem1 pause-cumem1 baseline-cumem0 pause-cumem0 pause-cumem0-vmm)
-ONE_GPU_PHASES=(runtime-default-tag free-ordering)
+NCCL_PHASES=(baseline-cumem1 pause-cumem1 baseline-cumem0 pause-cumem0 pause-cumem0-vmm
+             register-2rank)
+ONE_GPU_PHASES=(runtime-default-tag free-ordering register-1rank)
 GPUS_NEEDED=2
 [ $ONE_GPU -eq 1 ] && GPUS_NEEDED=1
 one_gpu_phases() {
@@ -113,6 +120,8 @@ one_gpu_phases() {
     CUDA_VISIBLE_DEVICES=0 "$PY" "$HERE/torch_runtime_offload.py" --elems $((ELEMS * 4)) --cycles 5
   run_phase free-ordering env LD_PRELOAD="$SHIM" TAGMEM_PRELOAD_TAG=torch \
     CUDA_VISIBLE_DEVICES=0 "$PY" "$HERE/torch_free_ordering.py" --trials 5
+  run_phase register-1rank env LD_PRELOAD="$SHIM" TAGMEM_PRELOAD_TAG=torch CUDA_VISIBLE_DEVICES=0 \
+    "$PY" -m torch.distributed.run --standalone --nproc_per_node=1 "$HERE/torch_nccl_register.py"
 }
 if [ -n "${TAGMEM_LIBCUDA:-}" ]; then
   for p in "${NCCL_PHASES[@]}" "${ONE_GPU_PHASES[@]}"; do
@@ -146,6 +155,8 @@ else
     LD_PRELOAD="$SHIM" TAGMEM_NCCL_GROUP="tagmem-gpu-$$-vmm" "${RUN[@]}" \
     "$HERE/torch_nccl_pause.py" --mode pause --elems "$ELEMS" --cycles "$CYCLES" \
     --out "$OUT/pause-cumem0-vmm" --baseline "$OUT/baseline-cumem0" --require-share 0
+  run_phase register-2rank env LD_PRELOAD="$SHIM" TAGMEM_PRELOAD_TAG=torch \
+    TAGMEM_NCCL_GROUP="tagmem-gpu-$$-register" "${RUN[@]}" "$HERE/torch_nccl_register.py" --graph
   one_gpu_phases
 fi
 
@@ -160,6 +171,10 @@ done
   "$OUT/runtime-default-tag.log" | sed 's/^/  runtime-default-tag: /'
 [ -f "$OUT/free-ordering.log" ] && grep -h -E '^(free ordering|FAIL)' "$OUT/free-ordering.log" \
   | sed 's/^/  free-ordering: /'
+for p in register-1rank register-2rank; do
+  [ -f "$OUT/$p.log" ] && grep -h -E '^\[rank [0-9]+\] (ok|FAIL|offload)' "$OUT/$p.log" \
+    | sed "s/^/  $p: /"
+done
 for line in "${SUMMARY[@]}"; do echo "$line"; done
 ran=$(printf '%s\n' "${SUMMARY[@]}" | grep -c -E '^(PASS|FAIL)')
 skipped=$(printf '%s\n' "${SUMMARY[@]}" | grep -c '^SKIP')
