@@ -62,12 +62,17 @@ std::optional<CUresult> nccl_holds::retain(std::uint64_t address,
     parts_.push_back(found);
     it = parts_.end() - 1;
   }
+  // A handle value names one live allocation; an entry that still shows it for memory since
+  // released (the tag offloaded, the value given out again) must not take this one's calls.
+  for (part_hold& other : parts_)
+    if (&other != &*it && other.handle == *handle) other.handle = 0;
   it->handle = *handle;  // the same value as the part's (as the driver answers), kept as given
   it->retains++;
   return r;
 }
 
 nccl_holds::part_hold* nccl_holds::by_handle(CUmemGenericAllocationHandle h) {
+  if (h == 0) return nullptr;
   for (part_hold& p : parts_)
     if (p.handle == h) return &p;
   return nullptr;
