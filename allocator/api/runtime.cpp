@@ -71,6 +71,9 @@ std::optional<CUresult> retain(CUdeviceptr address, CUmemGenericAllocationHandle
   return if_started(std::optional<CUresult>{},
                     [&](nccl_holds& h) { return h.retain(address, handle, retain); });
 }
+bool retained(CUmemGenericAllocationHandle h) {
+  return if_started(false, [&](nccl_holds& n) { return n.retained(h); });
+}
 bool exported(CUmemGenericAllocationHandle h) {
   return if_started(false, [&](nccl_holds& n) { return n.exported(h); });
 }

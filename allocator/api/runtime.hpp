@@ -96,7 +96,8 @@ namespace nccl_hold {
 // with the owning tag locked and records the reference; nullopt (not run) for untagged memory.
 std::optional<CUresult> retain(CUdeviceptr address, CUmemGenericAllocationHandle* handle,
                                const std::function<CUresult()>& retain);
-bool exported(CUmemGenericAllocationHandle h);  // false: not a handle NCCL retained
+bool retained(CUmemGenericAllocationHandle h);  // false: not a handle NCCL retained
+bool exported(CUmemGenericAllocationHandle h);
 bool released(CUmemGenericAllocationHandle h);
 bool mapped(CUmemGenericAllocationHandle h, CUdeviceptr va);
 void unmapped(CUdeviceptr va, std::size_t size);

@@ -84,6 +84,14 @@ bool nccl_holds::covered(const part_hold& p) const {
   });
 }
 
+bool nccl_holds::retained(CUmemGenericAllocationHandle h) {
+  std::lock_guard lock(mutex_);
+  part_hold* p = by_handle(h);
+  if (!p) return false;
+  p->retains++;  // its release comes through released(), like any other
+  return true;
+}
+
 bool nccl_holds::exported(CUmemGenericAllocationHandle h) {
   std::lock_guard lock(mutex_);
   part_hold* p = by_handle(h);

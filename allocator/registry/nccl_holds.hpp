@@ -44,7 +44,9 @@ class nccl_holds {
   // record, and records the hold. nullopt, without running it, when no tag owns `address`.
   std::optional<CUresult> retain(std::uint64_t address, CUmemGenericAllocationHandle* handle,
                                  const std::function<CUresult()>& retain);
-  // NCCL exported / released / mapped at `va` a handle it retained. False for other handles.
+  // NCCL retained again (at another address that maps it: its own second mapping) / exported /
+  // released / mapped at `va` a handle it retained. False for other handles.
+  bool retained(CUmemGenericAllocationHandle h);
   bool exported(CUmemGenericAllocationHandle h);
   bool released(CUmemGenericAllocationHandle h);
   bool mapped(CUmemGenericAllocationHandle h, std::uint64_t va);

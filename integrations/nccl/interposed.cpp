@@ -310,6 +310,11 @@ CUresult mem_retain(CUmemGenericAllocationHandle* handle, void* address) {
     } catch (const std::bad_alloc&) {
       return CUDA_ERROR_OUT_OF_MEMORY;  // nothing retained
     }
+    // Another address of held tagged memory (NCCL's second mapping of it): counted the same,
+    // since its release will be.
+    const CUresult r = real(handle, address);
+    if (r == CUDA_SUCCESS) runtime::nccl_hold::retained(*handle);
+    return r;
   }
   if (!a || !handle || a->from == origin::classic) return real(handle, address);
   if (!a->released && !a->real_held) {

@@ -253,9 +253,16 @@ TEST_F(NcclRegistered, ReferencesAndOwnMappingsHoldItUntilReleased) {
   ASSERT_EQ(nccl().cuMemRetainAllocationHandle(&h, reinterpret_cast<void*>(mine_.va)),
             CUDA_SUCCESS);
   expect_refused("cuMemRetainAllocationHandle");
-  // A peer in this process: NCCL maps the handle a second time, after releasing it.
-  ASSERT_EQ(nccl().cuMemRelease(h), CUDA_SUCCESS);
+  // A peer in this process: NCCL maps the handle a second time, and releases its reference.
   buffer second = second_mapping(buffer{mine_.va, chunk_bytes_at(mine_.va), h, buffer::created}, 0);
+  // A reference taken and dropped through the second mapping (ncclCuMemFreeAddr does that) is
+  // not the first reference's end.
+  CUmemGenericAllocationHandle again = 0;
+  ASSERT_EQ(nccl().cuMemRetainAllocationHandle(&again, reinterpret_cast<void*>(second.va)),
+            CUDA_SUCCESS);
+  ASSERT_EQ(nccl().cuMemRelease(again), CUDA_SUCCESS);
+  expect_refused("cuMemRetainAllocationHandle");
+  ASSERT_EQ(nccl().cuMemRelease(h), CUDA_SUCCESS);
   expect_refused("NCCL maps it at");
   EXPECT_EQ(read_bytes(second, 0, kBytes), expected_);
   free_second_mapping(second);
