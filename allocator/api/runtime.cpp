@@ -92,8 +92,8 @@ void pinned(CUdeviceptr va, std::size_t size, const char* by) {
 void registered(const void* comm, const void* reg, CUdeviceptr base, std::size_t size) {
   if_started(0, [&](nccl_holds& n) { return n.registered(comm, reg, base, size), 0; });
 }
-void deregistered(const void* comm, const void* reg) {
-  if_started(0, [&](nccl_holds& n) { return n.deregistered(comm, reg), 0; });
+void deregistered(const void* comm, const void* reg, bool graphs_may_share) {
+  if_started(0, [&](nccl_holds& n) { return n.deregistered(comm, reg, graphs_may_share), 0; });
 }
 
 }  // namespace nccl_hold

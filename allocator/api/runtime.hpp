@@ -103,7 +103,7 @@ bool mapped(CUmemGenericAllocationHandle h, CUdeviceptr va);
 void unmapped(CUdeviceptr va, std::size_t size);
 void pinned(CUdeviceptr va, std::size_t size, const char* by);  // multicast, dma-buf
 void registered(const void* comm, const void* reg, CUdeviceptr base, std::size_t size);
-void deregistered(const void* comm, const void* reg);
+void deregistered(const void* comm, const void* reg, bool graphs_may_share);
 }  // namespace nccl_hold
 
 }  // namespace runtime

@@ -156,15 +156,19 @@ void nccl_holds::registered(const void* comm, const void* reg, std::uint64_t bas
   registrations_.push_back({comm, reg, base, size, 1});
 }
 
-void nccl_holds::deregistered(const void* comm, const void* reg) {
+void nccl_holds::deregistered(const void* comm, const void* reg, bool graphs_may_share) {
   std::lock_guard lock(mutex_);
   auto it = std::find_if(registrations_.begin(), registrations_.end(),
                          [&](const registration& r) { return r.comm == comm && r.reg == reg; });
   if (it == registrations_.end() || --it->count > 0) return;
   registrations_.erase(it);
-  // NCCL has unmapped the peers' registered mappings when ncclCommDeregister returns.
-  for (part_hold& p : parts_)
-    if (p.registered_export && !covered(p)) p.registered_export = false;
+  // NCCL has unmapped the peers' registered mappings when ncclCommDeregister returns, unless a
+  // graph holds the registration too.
+  for (part_hold& p : parts_) {
+    if (!p.registered_export || covered(p)) continue;
+    p.registered_export = false;
+    p.graph_export |= graphs_may_share;
+  }
 }
 
 std::string nccl_holds::describe(const part_hold& p) {
@@ -174,9 +178,11 @@ std::string nccl_holds::describe(const part_hold& p) {
     add("exported to the peer processes for a buffer registered with ncclCommRegister: "
         "ncclCommDeregister of the last registration over it ends that");
   if (p.graph_export)
-    add("exported to the peer processes outside any ncclCommRegister registration: a CUDA graph "
-        "that captured a collective on it (NCCL_GRAPH_REGISTER=0 avoids that) or a registration "
-        "the shim did not see; held while this process runs");
+    add("exported to the peer processes for a registration whose end the shim cannot see: a "
+        "CUDA graph's (NCCL registers the buffers of captured collectives itself, and a graph "
+        "captured in this process may share an ncclCommRegister registration; "
+        "NCCL_GRAPH_REGISTER=0 avoids both), a symmetric-memory window's, or one made through a "
+        "libnccl handle of the caller's own; held while this process runs");
   if (!p.mapped_at.empty())
     add("NCCL maps it at " + hex(p.mapped_at.front()) + " for a peer in this process");
   if (p.retains > 0)

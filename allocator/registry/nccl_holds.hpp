@@ -20,7 +20,10 @@
 // binding or dma-buf (for as long as the process runs: their end is not seen). An export made
 // while no ncclCommRegister registration covered the part came from a CUDA graph's registration,
 // which ends when the graph is destroyed, unseen here: it too holds for as long as the process
-// runs. Thread-safe; the mutex is a leaf under the tags' locks.
+// runs. A graph captured over a buffer registered with ncclCommRegister shares that registration
+// (no new export): once any CUDA graph was captured in the process (and NCCL_GRAPH_REGISTER is
+// not 0), a deregistration no longer ends an export's hold. Thread-safe; the mutex is a leaf
+// under the tags' locks.
 #pragma once
 
 #include <cuda.h>
@@ -58,8 +61,11 @@ class nccl_holds {
   // The application's ncclCommRegister / ncclCommDeregister of [base, base + size) with
   // communicator `comm`, which returned registration `reg` (NCCL counts repeated registrations
   // of one range in one `reg`). Registrations of untagged memory are not kept.
+  // `graphs_may_share`: a CUDA graph captured in this process may have taken its own reference
+  // to the registration, which keeps the peers' mappings past the deregistration, unseen: the
+  // exports under it then hold for as long as the process runs.
   void registered(const void* comm, const void* reg, std::uint64_t base, std::size_t size);
-  void deregistered(const void* comm, const void* reg);
+  void deregistered(const void* comm, const void* reg, bool graphs_may_share);
 
   // Throws PEER when NCCL holds memory of one of `tags` (their locks held by the caller).
   void refuse(const meta_vector<tag*>& tags, const char* operation);

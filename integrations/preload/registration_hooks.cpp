@@ -9,13 +9,24 @@
 // exported stops holding its tag once no registration covers it. Registrations made through a
 // libnccl handle of the caller's own (dlsym on a dlopen'ed libnccl, ctypes) are not seen: their
 // exports hold the tag for as long as the process runs, as a CUDA graph's registration does.
+//
+// A CUDA graph that captures a collective on a registered buffer takes its own reference to the
+// registration inside NCCL, and the peers keep their mappings until the graph is destroyed. The
+// shim sees neither, so once the process has begun a capture (cudaStreamBeginCapture and
+// cudaStreamBeginCaptureToGraph of the dynamically linked runtime are interposed to notice it)
+// and NCCL_GRAPH_REGISTER is not 0, a deregistration no longer ends an export's hold.
+#include <cuda_runtime_api.h>
+
 #include <atomic>
 #include <cstddef>
+#include <cstdlib>
+#include <cstring>
 #include <new>
 
 #include "api/runtime.hpp"
 #include "real_symbols.hpp"
 #include "reentry_guard.hpp"
+#include "runtime_next.hpp"
 
 namespace {
 
@@ -23,6 +34,15 @@ using nccl_result = int;                     // ncclResult_t, an enum of int siz
 constexpr nccl_result kNcclSystemError = 2;  // ncclSystemError: no NCCL behind the shim
 using register_fn = nccl_result (*)(void*, void*, std::size_t, void**);
 using deregister_fn = nccl_result (*)(void*, void*);
+
+std::atomic<bool> g_captured{false};  // a stream capture was begun in this process
+
+// Whether a graph captured here may share a registration with ncclCommRegister's.
+bool graphs_may_share() {
+  if (!g_captured.load()) return false;
+  const char* setting = std::getenv("NCCL_GRAPH_REGISTER");
+  return !(setting && std::strcmp(setting, "0") == 0);
+}
 
 // NCCL's function behind the interposer, looked up until found (NCCL may be loaded later).
 template <class F>
@@ -65,7 +85,25 @@ extern "C" __attribute__((visibility("default"))) nccl_result ncclCommDeregister
   const nccl_result r = real(comm, handle);
   if (r == 0 && handle && !tagmem::preload::reentry_guard::inside()) {
     tagmem::preload::reentry_guard guard;
-    tagmem::runtime::nccl_hold::deregistered(comm, handle);
+    tagmem::runtime::nccl_hold::deregistered(comm, handle, graphs_may_share());
   }
   return r;
+}
+
+extern "C" __attribute__((visibility("default"))) cudaError_t cudaStreamBeginCapture(
+    cudaStream_t stream, cudaStreamCaptureMode mode) {
+  using fn = cudaError_t (*)(cudaStream_t, cudaStreamCaptureMode);
+  TAGMEM_NEXT(fn, "cudaStreamBeginCapture");
+  g_captured.store(true);  // before: the capture may register buffers at once
+  return real(stream, mode);
+}
+
+extern "C" __attribute__((visibility("default"))) cudaError_t cudaStreamBeginCaptureToGraph(
+    cudaStream_t stream, cudaGraph_t graph, const cudaGraphNode_t* dependencies,
+    const cudaGraphEdgeData* dependency_data, size_t count, cudaStreamCaptureMode mode) {
+  using fn = cudaError_t (*)(cudaStream_t, cudaGraph_t, const cudaGraphNode_t*,
+                             const cudaGraphEdgeData*, size_t, cudaStreamCaptureMode);
+  TAGMEM_NEXT(fn, "cudaStreamBeginCaptureToGraph");
+  g_captured.store(true);
+  return real(stream, graph, dependencies, dependency_data, count, mode);
 }

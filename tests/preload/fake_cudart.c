@@ -47,6 +47,13 @@ fake_error cudaGetDevice(int* device) {
   return kSuccess;
 }
 
+/* A capture begun and nothing captured: what the shim's interposer passes on to. */
+fake_error cudaStreamBeginCapture(void* stream, int mode) {
+  (void)stream;
+  (void)mode;
+  return kSuccess;
+}
+
 fake_error cudaMalloc(void** ptr, size_t size) {
   __atomic_fetch_add(&calls, 1, __ATOMIC_RELAXED);
   if (size == 0) { /* what the real runtime does */

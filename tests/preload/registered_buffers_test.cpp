@@ -12,11 +12,13 @@
 // The peers then unmap (what NCCL does inside ncclCommDeregister) and, once the last
 // registration over the buffer is gone, the offload succeeds and the reload brings back every
 // byte, the peers' writes included. Each process checks it kept no descriptor.
+#include <cuda_runtime_api.h>
 #include <dlfcn.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <memory>
@@ -69,6 +71,49 @@ TAGMEM_PEER_SCENARIO(registered_peer) {
   } catch (const std::exception& e) {
     std::fprintf(stderr, "[registered_peer] %s\n", e.what());
     return 1;
+  }
+}
+
+// A process that registers and exports a tagged buffer, begins a CUDA graph capture and then
+// deregisters the buffer: the offload must stay refused unless NCCL_GRAPH_REGISTER=0 (a graph
+// captured here may share the registration, keeping the peers' mappings past the
+// deregistration). Exits 0 when it got what it expected.
+TAGMEM_PEER_SCENARIO(capturing_owner) {
+  (void)args;
+  try {
+    use_device(0);
+    const char* graph_register = std::getenv("NCCL_GRAPH_REGISTER");
+    const bool graphs_may_share = !(graph_register && std::strcmp(graph_register, "0") == 0);
+    auto fn = [](const char* name) { return dlsym(RTLD_DEFAULT, name); };
+    auto malloc_tagged =
+        reinterpret_cast<decltype(&tagmem_malloc_tagged)>(fn("tagmem_malloc_tagged"));
+    auto offload = reinterpret_cast<decltype(&tagmem_offload)>(fn("tagmem_offload"));
+    const std::string tag = unique_group("cap").substr(0, 40);
+    void* p = nullptr;
+    if (malloc_tagged(&p, kBytes, tag.c_str(), 0, nullptr) != TAGMEM_SUCCESS) return 2;
+    void* reg = nullptr;
+    int comm = 0;
+    if (ncclCommRegister(&comm, p, kBytes, &reg) != 0) return 3;
+    CUmemGenericAllocationHandle h = 0;
+    int fd = -1;
+    if (nccl().cuMemRetainAllocationHandle(&h, p) != CUDA_SUCCESS ||
+        nccl().cuMemExportToShareableHandle(&fd, h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0) !=
+            CUDA_SUCCESS ||
+        nccl().cuMemRelease(h) != CUDA_SUCCESS)
+      return 4;
+    ::close(fd);
+    if (cudaStreamBeginCapture(nullptr, cudaStreamCaptureModeGlobal) != cudaSuccess) return 5;
+    if (ncclCommDeregister(&comm, reg) != 0) return 6;
+    const char* names[] = {tag.c_str()};
+    const tagmem_status s = offload(names, 1, 0, TAGMEM_BACKUP);
+    const std::string message = shim().last_error();
+    const bool refused = s == TAGMEM_ERROR_PEER && message.find("CUDA graph") != std::string::npos;
+    std::fprintf(stderr, "[capturing_owner] offload: %s %s\n", shim().status_string(s),
+                 message.c_str());
+    return refused == graphs_may_share ? 0 : 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "[capturing_owner] %s\n", e.what());
+    return 7;
   }
 }
 
@@ -267,6 +312,13 @@ TEST_F(NcclRegistered, ReferencesAndOwnMappingsHoldItUntilReleased) {
   EXPECT_EQ(read_bytes(second, 0, kBytes), expected_);
   free_second_mapping(second);
   expect_offload_and_reload();
+}
+
+TEST(NcclRegisteredGraphs, ACaptureKeepsTheHoldPastDeregistrationUnlessGraphRegisterIsOff) {
+  peer_process captured("capturing_owner", unique_group("cap1"));
+  EXPECT_EQ(captured.wait(), 0) << "after a capture the deregistration ended the hold";
+  peer_process off("capturing_owner", unique_group("cap0"), {"NCCL_GRAPH_REGISTER=0"});
+  EXPECT_EQ(off.wait(), 0) << "with NCCL_GRAPH_REGISTER=0 the deregistration did not end it";
 }
 
 TEST_F(NcclRegistered, AnExportOutsideAnyRegistrationHoldsItForGood) {
