@@ -66,7 +66,8 @@ std::optional<CUresult> nccl_holds::retain(std::uint64_t address,
   // released (the tag offloaded, the value given out again) must not take this one's calls.
   for (part_hold& other : parts_)
     if (&other != &*it && other.handle == *handle) other.handle = 0;
-  it->handle = *handle;  // the same value as the part's (as the driver answers), kept as given
+  it->handle = *handle;     // the same value as the part's (as the driver answers), kept as given
+  it->bytes = found.bytes;  // the memory at this address now (a reload may have cut it anew)
   it->retains++;
   return r;
 }
