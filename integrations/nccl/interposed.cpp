@@ -161,8 +161,8 @@ CUresult mem_map(CUdeviceptr va, size_t size, size_t offset, CUmemGenericAllocat
     try {
       runtime::nccl_hold::mapped(handle, va);
     } catch (const std::bad_alloc&) {
-      captured().cuMemUnmap.load()(va,
-                                   size);  // an unrecorded mapping of tagged memory would go stale
+      // An unrecorded second mapping of tagged memory would go stale at the tag's offload.
+      captured().cuMemUnmap.load()(va, size);
       return CUDA_ERROR_OUT_OF_MEMORY;
     }
     return r;

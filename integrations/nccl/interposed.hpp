@@ -9,6 +9,10 @@
 // CUDA_ERROR_NOT_PERMITTED (map, export: NCCL may not run between pause and resume).
 // cuMulticastBind* and cuMemGetHandleForAddressRange (dma-buf, for NIC registration) mark the
 // allocations they touch as unable to move (Note [what stays resident] in collective.cpp).
+// What NCCL does to tagged memory (a user buffer it registered: retain, export, release, a
+// second mapping, unmap, multicast binding, dma-buf) goes to the driver as asked and is reported
+// to the registry, which refuses to offload a tag while NCCL holds some of it (Note [nccl holds]
+// in allocator/registry/nccl_holds.hpp).
 //
 // cuMemAlloc (what NCCL uses with NCCL_CUMEM_ENABLE=0): requests of at least
 // TAGMEM_NCCL_CLASSIC_MIN_BYTES (default 1 MiB) are served by the shim with virtual memory of
