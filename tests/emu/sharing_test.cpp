@@ -118,6 +118,12 @@ TEST_F(sharing, ExportImportWithinOneProcess) {
   CU_ASSERT(cuMemGetAllocationPropertiesFromHandle(&prop, imported));
   EXPECT_EQ(prop.location.type, CU_MEM_LOCATION_TYPE_DEVICE);
   EXPECT_EQ(prop.location.id, 0);
+  // The real driver does not export an imported handle again (measured on an H200, driver 580).
+  int again = -1;
+  EXPECT_EQ(
+      cuMemExportToShareableHandle(&again, imported, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0),
+      CUDA_ERROR_INVALID_VALUE);
+  EXPECT_EQ(again, -1);
 
   CUdeviceptr va = 0;
   const CUmemAccessDesc rw = access(0);

@@ -197,7 +197,8 @@ TAGMEM_EMU_EXPORT CUresult cuMemExportToShareableHandle(void* shareable,
   if (type != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) return CUDA_ERROR_INVALID_VALUE;
   lock held = take_lock();
   auto memory = find_handle(held, handle);
-  // Without POSIX fds in requestedHandleTypes the real driver answers INVALID_VALUE (measured).
+  // Without POSIX fds in requestedHandleTypes the real driver answers INVALID_VALUE, and so it
+  // does for a handle this process imported (both measured; docs/handoff.md, "Limits").
   if (!memory || !memory->exportable) return CUDA_ERROR_INVALID_VALUE;
   const int fd = ::fcntl(memory->fd, F_DUPFD_CLOEXEC, 0);
   if (fd < 0) return CUDA_ERROR_OUT_OF_MEMORY;
@@ -220,7 +221,7 @@ TAGMEM_EMU_EXPORT CUresult cuMemImportFromShareableHandle(CUmemGenericAllocation
   memory->size = static_cast<size_t>(info.st_size);
   memory->prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
   memory->prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_NONE;  // reported so, as measured
-  memory->exportable = true;
+  memory->exportable = false;  // the real driver does not export an imported handle again
   memory->fd = ::fcntl(fd, F_DUPFD_CLOEXEC, 0);
   if (memory->fd < 0) return CUDA_ERROR_OUT_OF_MEMORY;
   memory->imported = true;
