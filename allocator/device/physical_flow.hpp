@@ -43,6 +43,9 @@ class physical_source {
   bool put_back(const physical_part& p) noexcept { return do_put_back(p); }
   // Notes that `bytes` taken from here are mapped now (statistics).
   void mapped(std::size_t bytes) noexcept { do_mapped(bytes); }
+  // Sends one handle to the driver: the smallest of at least `bytes`, else the largest; false
+  // when none is held. For room to create what the handles held cannot cover exactly.
+  bool release_one(std::size_t bytes) noexcept { return do_release_one(bytes); }
   std::size_t bytes() const noexcept { return do_bytes(); }
 
  protected:
@@ -52,6 +55,7 @@ class physical_source {
   virtual void do_take_up_to(std::size_t bytes, meta_vector<physical_part>& out) = 0;
   virtual bool do_put_back(const physical_part& p) noexcept = 0;
   virtual void do_mapped(std::size_t bytes) noexcept = 0;
+  virtual bool do_release_one(std::size_t bytes) noexcept = 0;
   virtual std::size_t do_bytes() const noexcept = 0;
 };
 

@@ -183,14 +183,19 @@ namespace {
 
 // cuMemCreate of `bytes`; when the device is out of memory, kept handles and pending releases go
 // back to the driver first and it tries once more. So do received handles, unless the caller maps
-// from them (`keep_held`: a reload, whose later runs may still use them).
-CUmemGenericAllocationHandle create(device& dev, std::size_t bytes, bool keep_held) {
+// from them (`from`: a reload, whose later runs may still use them); then, if `make_room`, one
+// of them that this range could not use goes, for room to create the part the others leave.
+CUmemGenericAllocationHandle create(device& dev, std::size_t bytes, physical_source* from,
+                                    bool* make_room) {
   const auto& api = driver::api();
   CUmemGenericAllocationHandle handle = 0;
   CUresult r = api.cuMemCreate(&handle, bytes, &dev.allocation_prop(), 0);
-  if (r == CUDA_ERROR_OUT_OF_MEMORY && !keep_held && dev.peers() &&
-      dev.peers()->held().bytes() != 0) {
+  if (r == CUDA_ERROR_OUT_OF_MEMORY && !from && dev.peers() && dev.peers()->held().bytes() != 0) {
     dev.peers()->release_unfit(0);  // to the release queue, drained below
+  }
+  if (r == CUDA_ERROR_OUT_OF_MEMORY && from && make_room && *make_room &&
+      from->release_one(bytes)) {  // to the release queue, drained below
+    *make_room = false;
   }
   if (r == CUDA_ERROR_OUT_OF_MEMORY &&
       (dev.recycler().bytes() != 0 || dev.releases().pending_bytes() != 0)) {
@@ -214,7 +219,7 @@ void dispose(device& dev, const physical_part& p, bool recycle) noexcept {
 }  // namespace
 
 meta_vector<physical_part> map_parts(device& dev, CUdeviceptr va, std::size_t bytes, bool recycle,
-                                     physical_source* from) {
+                                     physical_source* from, bool* make_room) {
   const auto& api = driver::api();
   meta_vector<physical_part> parts;
   parts.reserve(1);
@@ -245,7 +250,7 @@ meta_vector<physical_part> map_parts(device& dev, CUdeviceptr va, std::size_t by
     for (const physical_part& p : parts) covered += p.size;
     if (covered < bytes) {
       parts.reserve(parts.size() + 1);
-      parts.push_back({create(dev, bytes - covered, from != nullptr), bytes - covered});
+      parts.push_back({create(dev, bytes - covered, from, make_room), bytes - covered});
     }
     for (; mapped < parts.size(); ++mapped) {
       CUresult r = api.cuMemMap(va + at, parts[mapped].size, 0, parts[mapped].handle, 0);

@@ -36,6 +36,10 @@ void inbox::release_if(Pred pred) noexcept {
       it = next;
     }
   }
+  release_all(out);
+}
+
+void inbox::release_all(held_map& out) noexcept {
   for (auto& [size, i] : out) {
     stats_.returned_bytes += size;
     try {
@@ -97,6 +101,20 @@ bool inbox::do_put_back(const physical_part& p) noexcept {
 }
 
 void inbox::do_mapped(std::size_t bytes) noexcept { stats_.mapped_received_bytes += bytes; }
+
+bool inbox::do_release_one(std::size_t bytes) noexcept {
+  held_map out;
+  {
+    std::lock_guard lock(mutex_);
+    if (held_.empty()) return false;
+    auto it = held_.lower_bound(bytes);
+    if (it == held_.end()) --it;
+    bytes_ -= it->first;
+    out.insert(held_.extract(it));  // a node move: cannot fail
+  }
+  release_all(out);
+  return true;
+}
 
 std::size_t inbox::do_bytes() const noexcept {
   std::lock_guard lock(mutex_);

@@ -48,9 +48,11 @@ class inbox final : public physical_source {
   void do_take_up_to(std::size_t bytes, meta_vector<physical_part>& out) override;
   bool do_put_back(const physical_part& p) noexcept override;
   void do_mapped(std::size_t bytes) noexcept override;
+  bool do_release_one(std::size_t bytes) noexcept override;
   std::size_t do_bytes() const noexcept override;
   template <class Pred>
   void release_if(Pred pred) noexcept;
+  void release_all(held_map& out) noexcept;  // to the release queue
 
   device& dev_;
   counters& stats_;

@@ -109,6 +109,7 @@ class pipeline {
   // wait_until_, for memory the job's processes give back.
   bool short_ = false;
   bool waiting_ = false;
+  bool make_room_ = true;  // a held handle may go for room until the next run maps
   std::chrono::steady_clock::time_point wait_start_, wait_until_;
   bool wait_for_peers(const error& why);
   void wait_for_peers_step() noexcept;
@@ -250,7 +251,8 @@ bool pipeline::map_next() {
   const std::size_t kept_before = dev_.recycler().bytes() + (peers ? peers->held().bytes() : 0);
   try {
     trace::span span("map", in.t->name(), r.size, trace::effect::mapped_up);
-    r.parts = map_parts(dev_, r.va, r.size, recycle(), peers ? &peers->held() : nullptr);
+    r.parts =
+        map_parts(dev_, r.va, r.size, recycle(), peers ? &peers->held() : nullptr, &make_room_);
   } catch (const error& e) {
     if (e.code() == TAGMEM_ERROR_OUT_OF_MEMORY && out_left()) {
       budget_ = 0;  // wait for the next unmap
@@ -264,6 +266,7 @@ bool pipeline::map_next() {
     return false;
   }
   ++in.mapped;
+  make_room_ = true;
   const std::size_t kept_after = dev_.recycler().bytes() + (peers ? peers->held().bytes() : 0);
   const std::size_t taken = kept_before > kept_after ? kept_before - kept_after : 0;
   budget_ -= std::min(budget_, r.size - std::min(r.size, taken));  // what was created
@@ -386,8 +389,13 @@ pipeline::~pipeline() {
 // memory the job's processes give back, handed to it (it announces itself while reloading) or
 // returned to the driver, and tries the run again after each arrival or every 20 ms. Its runs
 // already mapped have their copies queued, so copying goes on into each piece as it arrives.
-// Held handles larger than any run left are released first (they could never be mapped). At the
-// deadline it fails OUT_OF_MEMORY as it would have: finish_ins commits the in-tags before the
+// Held handles larger than any run left are released first (they could never be mapped). A run
+// maps the held handles that fit in it, largest first, and creates the rest; handles rarely tile a
+// run exactly (the giver's mappings are not this process's runs), and when the device is full the
+// memory to create the rest is in the handles held and not used. So the run sends one of those
+// to the driver (the smallest that leaves room for the rest) and creates the rest from it: at most
+// one per run mapped, since the giver's own reference, until it reads TAKEN, may delay the room. At
+// the deadline it fails OUT_OF_MEMORY as it would have: finish_ins commits the in-tags before the
 // failing one and leaves it and those after offloaded with their backups intact. Two processes
 // waiting for each other both time out. Returns whether the reload waits (false: fail now).
 bool pipeline::wait_for_peers(const error& why) {

@@ -1,0 +1,120 @@
+// overlap_test.cpp — the RL switch in a full device with the two sides' calls at once: the engine
+// (this process) pauses, the trainer (a peer) resumes with the engine's memory, then the trainer
+// pauses while the engine resumes. The device holds the engine and nothing more, so the engine's
+// resume fits only as the trainer's memory comes back: its reload waits and maps what it gets.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <random>
+#include <sstream>
+
+#include "emu_controls.hpp"
+#include "harness.hpp"
+#include "peer.hpp"
+
+namespace tagmem::handoff_test {
+namespace {
+
+using preload_test::peer_args;
+using preload_test::peer_process;
+
+constexpr std::size_t MiB = std::size_t{1} << 20;
+constexpr std::size_t kPiece = 12 * MiB;  // the engine's mappings; two make one reload run
+
+// The trainer: a BACKUP tag of `count` mappings of `mib` MiB ("<seed> <count> <mib> <paused>"),
+// paused at once when `paused` is 1; then resumed and paused when told, checking its bytes after
+// each resume.
+TAGMEM_PEER_SCENARIO(overlap_trainer) {
+  check(tagmem_init(nullptr), "tagmem_init");
+  std::uint64_t seed = 0;
+  int count = 0;
+  std::size_t mib = 0;
+  int paused = 0;
+  std::istringstream(args.channel.receive()) >> seed >> count >> mib >> paused;
+  std::mt19937_64 rng(seed);
+  tag_data t = fill_tag("t", count, mib * MiB, rng);
+  const char* t_tag = "t";
+  if (paused) {
+    check(tagmem_offload(&t_tag, 1, 0, TAGMEM_BACKUP), "pause");
+    check(tagmem_wait_released(0), "tagmem_wait_released");
+  }
+  args.channel.send("ready");
+  for (;;) {
+    const std::string cmd = args.channel.receive();
+    if (cmd == "resume") {
+      check(tagmem_reload(&t_tag, 1, 0), "resume");
+      args.channel.send(corrupted(t) == 0 ? "intact" : "corrupted");
+    } else if (cmd == "pause") {
+      check(tagmem_offload(&t_tag, 1, 0, TAGMEM_BACKUP), "pause");
+      check(tagmem_wait_released(0), "tagmem_wait_released");
+      args.channel.send("paused");
+    } else {
+      break;
+    }
+  }
+  check(tagmem_shutdown(), "tagmem_shutdown");
+  return emu_leaks().empty() ? 0 : 12;
+}
+
+class HandoffOverlap : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    seed_ = std::random_device{}();
+    ASSERT_TRUE(reliability::emu().available);
+    total_ = reliability::emu().device_bytes(0);
+    before_ = take_fd_census();
+  }
+  void TearDown() override {
+    tagmem_shutdown();
+    reliability::emu().set_device_bytes(0, total_);
+    EXPECT_EQ(reliability::emu().device_used_bytes(0), 0u) << "the shared device is not empty";
+    EXPECT_EQ(emu_leaks(), "");
+    EXPECT_EQ(take_fd_census(), before_)
+        << describe(take_fd_census()) << " / " << describe(before_);
+  }
+  std::uint64_t seed_ = 0;
+  std::uint64_t total_ = 0;
+  fd_census before_;
+};
+
+// The trainer's handles (16 MiB) do not tile the engine's runs (24 MiB): a run maps one received
+// handle and must create the rest, which a full device refuses. Memory the reload holds and
+// cannot use makes that room: the reload maps as the handles arrive instead of waiting out its
+// TAGMEM_HANDOFF_WAIT_MS with the trainer's memory in hand.
+TEST_F(HandoffOverlap, HandlesThatDoNotTileTheRunsStillFeedTheReload) {
+  setenv("TAGMEM_HANDOFF_WAIT_MS", "3000", 1);
+  const tagmem_status init = tagmem_init(nullptr);
+  unsetenv("TAGMEM_HANDOFF_WAIT_MS");
+  ASSERT_EQ(init, TAGMEM_SUCCESS) << tagmem_last_error();
+  std::mt19937_64 rng(seed_);
+  tag_data w = fill_tag("w", 2, kPiece, rng);
+  tag_data kv = fill_tag("kv", 2, kPiece, rng);
+  const char* kv_tag = "kv";
+  const char* w_tag = "w";
+  ASSERT_EQ(tagmem_offload(&kv_tag, 1, 0, TAGMEM_DISCARD), TAGMEM_SUCCESS) << tagmem_last_error();
+  ASSERT_EQ(tagmem_offload(&w_tag, 1, 0, TAGMEM_BACKUP), TAGMEM_SUCCESS) << tagmem_last_error();
+  ASSERT_EQ(tagmem_wait_released(0), TAGMEM_SUCCESS) << tagmem_last_error();
+  peer_process trainer("overlap_trainer", "t");
+  trainer.channel().send(std::to_string(seed_ + 1) + " 3 16 0");
+  ASSERT_EQ(trainer.channel().receive(), "ready");
+  reliability::emu().set_device_bytes(0, reliability::emu().device_used_bytes(0));  // full
+  trainer.channel().send("pause");
+  const char* both[] = {"w", "kv"};
+  const tagmem_status reload = tagmem_reload(both, 2, 0);
+  const std::string why = tagmem_last_error();
+  EXPECT_EQ(trainer.channel().receive(), "paused");
+  ASSERT_EQ(reload, TAGMEM_SUCCESS) << why;
+  EXPECT_EQ(corrupted(w), 0u);
+  const tagmem_handoff_stats s = handoff_stats();
+  EXPECT_EQ(s.reload_wait_timeouts, 0u);
+  EXPECT_GT(s.mapped_received_bytes, 0u);
+  reliability::emu().set_device_bytes(0, total_);
+  trainer.channel().send("resume");
+  EXPECT_EQ(trainer.channel().receive(), "intact");
+  trainer.channel().send("exit");
+  EXPECT_EQ(trainer.wait(), 0);
+}
+
+}  // namespace
+}  // namespace tagmem::handoff_test
