@@ -5,6 +5,7 @@
 #include "base/error.hpp"
 #include "device/device.hpp"
 #include "device/physical_flow.hpp"
+#include "device/received_fds.hpp"
 #include "device/release_clock.hpp"
 #include "driver/driver.hpp"
 
@@ -12,7 +13,7 @@ namespace tagmem {
 
 physical_recycler::~physical_recycler() {
   unpark_all_locked();  // no other thread can see the recycler any more
-  for (auto& [size, h] : kept_) driver::api().cuMemRelease(h);
+  for (auto& [size, h] : kept_) received_fds::release_handle(h);
 }
 
 bool physical_recycler::put(physical_part p) noexcept {
@@ -135,7 +136,7 @@ void physical_recycler::release_all(release_queue& q) noexcept {
       continue;
     } catch (...) {  // the thread cannot take it: release it here
     }
-    if (driver::api().cuMemRelease(h) != CUDA_SUCCESS) {
+    if (received_fds::release_handle(h) != CUDA_SUCCESS) {
       std::lock_guard lock(mutex_);
       try {
         kept_.emplace(size, h);  // kept for the next attempt rather than leaked

@@ -13,6 +13,7 @@
 #include <string>
 
 #include "device/clock_page.hpp"
+#include "device/received_fds.hpp"
 #include "driver/driver.hpp"
 #include "observe/log.hpp"
 #include "options/options.hpp"
@@ -102,7 +103,7 @@ std::atomic<std::uint64_t> noted{0};  // bytes_noted()
 }  // namespace
 
 CUresult release(CUmemGenericAllocationHandle handle, std::size_t bytes) noexcept {
-  const CUresult r = driver::api().cuMemRelease(handle);
+  const CUresult r = received_fds::release_handle(handle);
   if (r == CUDA_SUCCESS) note(bytes);
   return r;
 }

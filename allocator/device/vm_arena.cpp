@@ -13,6 +13,7 @@
 
 #include "base/byte_math.hpp"
 #include "device/address_index.hpp"
+#include "device/received_fds.hpp"
 #include "device/release_clock.hpp"
 #include "driver/driver.hpp"
 #include "host/background_pinning.hpp"
@@ -24,7 +25,7 @@ vm_arena::vm_arena(device& dev, const config& cfg, tag* owner)
 
 void vm_arena::release_unreleased() noexcept {
   std::erase_if(unreleased_, [](CUmemGenericAllocationHandle h) {
-    return driver::api().cuMemRelease(h) == CUDA_SUCCESS;
+    return received_fds::release_handle(h) == CUDA_SUCCESS;
   });
 }
 
@@ -34,7 +35,7 @@ vm_arena::~vm_arena() {
   for (auto& [va, m] : mappings_) {
     if (!m.resident && !reclaim_parked(va)) continue;
     api.cuMemUnmap(va, m.size);
-    for (const physical_part& p : m.parts) api.cuMemRelease(p.handle);
+    for (const physical_part& p : m.parts) received_fds::release_handle(p.handle);
   }
   for (const reservation& r : reservations_) {
     global_address_index().remove(r.base);

@@ -2,6 +2,7 @@
 #include "handoff/inbox.hpp"
 
 #include "device/device.hpp"
+#include "device/received_fds.hpp"
 #include "driver/driver.hpp"
 
 namespace tagmem::handoff {
@@ -47,7 +48,7 @@ void inbox::release_all(held_map& out) noexcept {
       continue;
     } catch (...) {  // the thread cannot take it: release it here
     }
-    driver::api().cuMemRelease(i.handle);
+    received_fds::release_handle(i.handle);
   }
 }
 

@@ -8,6 +8,7 @@
 #include <limits>
 
 #include "device/device.hpp"
+#include "device/received_fds.hpp"
 #include "driver/driver.hpp"
 #include "observe/log.hpp"
 #include "peers/messages.hpp"
@@ -125,7 +126,7 @@ void outbox::to_driver(physical_part p) noexcept {
   try {
     dev_.releases().push(p.handle, p.size);
   } catch (...) {  // no room for the record: released here
-    driver::api().cuMemRelease(p.handle);
+    received_fds::release_handle(p.handle);
   }
 }
 
@@ -136,14 +137,10 @@ void outbox::drop(session& s) noexcept {
 }
 
 bool outbox::send_one(session& s, physical_part p) {
-  const auto& api = driver::api();
-  int fd = -1;
-  // A handle created before handoff was on, or imported where the driver does not export imports
-  // again, fails here and goes to the driver as without handoff.
-  if (api.cuMemExportToShareableHandle(&fd, p.handle, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
-                                       0) != CUDA_SUCCESS) {
-    return false;
-  }
+  // An imported handle goes as the descriptor it came with (Note [one hop]); one created before
+  // handoff was on cannot be shared and goes to the driver as without handoff.
+  const int fd = received_fds::shareable_fd(p.handle);
+  if (fd < 0) return false;
   peers::owned_fds exported;
   exported.push_back(fd);
   s.pending.reserve(s.pending.size() + 1);  // before the send: nothing can fail after it
@@ -157,7 +154,6 @@ bool outbox::send_one(session& s, physical_part p) {
 }
 
 void outbox::collect(session& s, bool all) {
-  const auto& api = driver::api();
   while (!s.pending.empty() && (all || s.ch->readable_now())) {
     peers::message m = s.ch->receive(id_.timeout_ms, "waiting for the taker to take device memory");
     if (m.type != kHoffTaken || !m.fds.empty()) {
@@ -177,7 +173,7 @@ void outbox::collect(session& s, bool all) {
       continue;
     }
     // The taker holds its own reference now: this one goes, and no memory reaches the driver.
-    if (api.cuMemRelease(p.handle) != CUDA_SUCCESS) {
+    if (received_fds::release_handle(p.handle) != CUDA_SUCCESS) {
       try {
         dev_.releases().push(p.handle, 0);  // tried again later; 0 bytes: they stay in use
       } catch (...) {

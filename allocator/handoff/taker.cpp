@@ -1,7 +1,10 @@
 // taker.cpp — importing what a giver hands over (see header).
 #include "handoff/taker.hpp"
 
+#include <unistd.h>
+
 #include "device/device.hpp"
+#include "device/received_fds.hpp"
 #include "driver/driver.hpp"
 #include "observe/log.hpp"
 #include "peers/messages.hpp"
@@ -75,11 +78,14 @@ std::uint32_t import_given(device& dev, const identity& id, want_book& book, inb
       note("import-failed error=" + driver::describe(r));
       break;
     }
+    // The descriptor stays with the handle, so that the memory can be handed on (Note [one hop]).
+    const int fd = fds.take(i);
+    if (!received_fds::keep(h, fd)) ::close(fd);
     stats.received_bytes += size;
     ++stats.received_handles;
     ++accepted;
   }
-  fds.reset();  // imported handles hold the memory; the descriptors are not needed any more
+  fds.reset();  // those of the handles not taken
   return accepted;
 }
 

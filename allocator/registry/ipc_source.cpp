@@ -4,6 +4,7 @@
 #include <mutex>
 
 #include "device/address_index.hpp"
+#include "device/received_fds.hpp"
 #include "driver/driver.hpp"
 #include "tags/tag.hpp"
 
@@ -61,15 +62,12 @@ handoff::ipc_mapped tag_ipc_source::export_parts(std::uint64_t ptr, std::uint64_
         TAGMEM_EXPECTS(out.sizes.size() < handoff::kMaxIpcParts, TAGMEM_ERROR_INVALID_ARGUMENT,
                        "the range lies over more than " + std::to_string(handoff::kMaxIpcParts) +
                            " physical handles; export smaller pieces");
-        int fd = -1;
-        const CUresult r = driver::api().cuMemExportToShareableHandle(
-            &fd, p.handle, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
-        if (r != CUDA_SUCCESS) {
-          fail(TAGMEM_ERROR_DRIVER,
-               "cuMemExportToShareableHandle failed with " + driver::describe(r) + " in tag '" +
-                   t.name() +
-                   "': its memory was created with TAGMEM_IPC=off, or received from another "
-                   "process (handoff), whose handles cannot be exported again");
+        CUresult r = CUDA_ERROR_UNKNOWN;
+        const int fd = received_fds::shareable_fd(p.handle, &r);  // Note [one hop]
+        if (fd < 0) {
+          fail(TAGMEM_ERROR_DRIVER, "cuMemExportToShareableHandle failed with " +
+                                        driver::describe(r) + " in tag '" + t.name() +
+                                        "': its memory was created with TAGMEM_IPC=off");
         }
         fds.push_back(fd);
         out.sizes.push_back(p.size);

@@ -17,8 +17,8 @@ tag& tag_of_range(std::uint64_t ptr, std::uint64_t bytes);
 class tag_ipc_source final : public handoff::ipc_source {
  public:
   // Exports the parts overlapping the range (DRIVER when a handle cannot be exported: memory
-  // created with TAGMEM_IPC=off, or received from another process by handoff); TAG_OFFLOADED
-  // while the tag is offloaded.
+  // created with TAGMEM_IPC=off; what handoff received goes as its kept descriptor, Note [one
+  // hop]); TAG_OFFLOADED while the tag is offloaded.
   handoff::ipc_mapped export_parts(std::uint64_t ptr, std::uint64_t bytes, peers::owned_fds& fds,
                                    const std::function<void()>& live) override;
 };
