@@ -20,35 +20,18 @@
 namespace tagmem::handoff_test {
 namespace {
 
-using preload_test::peer_args;
-using preload_test::peer_process;
-
-constexpr std::size_t MiB = std::size_t{1} << 20;
-constexpr std::size_t kPiece = 30 * MiB;
-
-class EarlyReturn : public ::testing::Test {
+class EarlyReturn : public shared_device_test {
  protected:
   void SetUp() override {
-    seed_ = std::random_device{}();
-    ASSERT_TRUE(reliability::emu().available);
-    total_ = reliability::emu().device_bytes(0);
-    before_ = take_fd_census();
+    shared_device_test::SetUp();
     setenv("TAGMEM_OFFLOAD_RETURN", "queued", 1);
   }
   void TearDown() override {
     unsetenv("TAGMEM_OFFLOAD_RETURN");
     reliability::emu().set_copy_bytes_per_second(0);
     reliability::emu().clear_faults();
-    tagmem_shutdown();
-    reliability::emu().set_device_bytes(0, total_);
-    EXPECT_EQ(reliability::emu().device_used_bytes(0), 0u) << "the shared device is not empty";
-    EXPECT_EQ(emu_leaks(), "");
-    EXPECT_EQ(take_fd_census(), before_)
-        << describe(take_fd_census()) << " / " << describe(before_);
+    shared_device_test::TearDown();
   }
-  std::uint64_t seed_ = 0;
-  std::uint64_t total_ = 0;
-  fd_census before_;
 };
 
 // The copies run at 8 MiB/s, so the offload of 24 MiB needs 3 s: the call returns with every
@@ -135,21 +118,17 @@ TAGMEM_PEER_SCENARIO(early_giver) {
 // giver's handles (30 MiB) are smaller than the reload's run (60 MiB): the first one waits in the
 // reload's hands for the second, and both are mapped, none created.
 TEST_F(EarlyReturn, ExitingGiverStillHandsItsMemory) {
-  setenv("TAGMEM_HANDOFF_ANNOUNCE", "reload", 1);  // the taker takes only while reloading
-  const tagmem_status init = tagmem_init(nullptr);
-  unsetenv("TAGMEM_HANDOFF_ANNOUNCE");
+  // The taker takes only while reloading.
+  const tagmem_status init = init_with("TAGMEM_HANDOFF_ANNOUNCE", "reload");
   ASSERT_EQ(init, TAGMEM_SUCCESS) << tagmem_last_error();
   unsetenv("TAGMEM_OFFLOAD_RETURN");  // this process offloads as usual; the giver returns early
   std::mt19937_64 rng(seed_);
-  tag_data w = fill_tag("w", 2, kPiece, rng);
-  const char* w_tag = "w";
-  ASSERT_EQ(tagmem_offload(&w_tag, 1, 0, TAGMEM_BACKUP), TAGMEM_SUCCESS) << tagmem_last_error();
-  ASSERT_EQ(tagmem_wait_released(0), TAGMEM_SUCCESS);
+  tag_data w = offloaded_backup("w", 2, kPiece, rng);
   setenv("TAGMEM_OFFLOAD_RETURN", "queued", 1);
   auto giver = std::make_unique<peer_process>("early_giver", "g");
   giver->channel().send(std::to_string(seed_ + 1));
   ASSERT_EQ(giver->channel().receive(), "resident");
-  reliability::emu().set_device_bytes(0, reliability::emu().device_used_bytes(0));  // full
+  fill_device();
   reload_thread reloader("w");
   EXPECT_TRUE(eventually([] { return handoff_stats().listening == 1; }));
   giver->channel().send("offload");
@@ -168,15 +147,10 @@ TEST_F(EarlyReturn, ExitingGiverStillHandsItsMemory) {
 // giver B then hands over both of its handles. The reload maps the three handles, creates the
 // 30 MiB A left to the driver, and restores every byte; B's own tag comes back whole.
 TEST_F(EarlyReturn, GiverKilledWhileDrainingAndAnotherGiverFinishes) {
-  setenv("TAGMEM_HANDOFF_ANNOUNCE", "reload", 1);
-  const tagmem_status init = tagmem_init(nullptr);
-  unsetenv("TAGMEM_HANDOFF_ANNOUNCE");
+  const tagmem_status init = init_with("TAGMEM_HANDOFF_ANNOUNCE", "reload");
   ASSERT_EQ(init, TAGMEM_SUCCESS) << tagmem_last_error();
   std::mt19937_64 rng(seed_);
-  tag_data w = fill_tag("w", 4, kPiece, rng);
-  const char* w_tag = "w";
-  ASSERT_EQ(tagmem_offload(&w_tag, 1, 0, TAGMEM_BACKUP), TAGMEM_SUCCESS) << tagmem_last_error();
-  ASSERT_EQ(tagmem_wait_released(0), TAGMEM_SUCCESS) << tagmem_last_error();
+  tag_data w = offloaded_backup("w", 4, kPiece, rng);
   auto a = std::make_unique<peer_process>(
       "early_giver", "a",
       std::vector<std::string>{"TAGMEM_EMU_KILL_AT=cuMemExportToShareableHandle:2"});
@@ -185,7 +159,7 @@ TEST_F(EarlyReturn, GiverKilledWhileDrainingAndAnotherGiverFinishes) {
   b->channel().send(std::to_string(seed_ + 2));
   ASSERT_EQ(a->channel().receive(), "resident");
   ASSERT_EQ(b->channel().receive(), "resident");
-  reliability::emu().set_device_bytes(0, reliability::emu().device_used_bytes(0));  // full
+  fill_device();
   reload_thread reloader("w");
   EXPECT_TRUE(eventually([] { return handoff_stats().listening == 1; }));
   a->channel().send("offload");  // it may die before or after saying "returned"

@@ -120,6 +120,41 @@ std::string reload_thread::finish() {
   return outcome_;
 }
 
+tag_data offloaded_backup(const std::string& tag, int count, std::size_t size,
+                          std::mt19937_64& rng) {
+  tag_data d = fill_tag(tag, count, size, rng);
+  const char* name = d.tag.c_str();
+  check(tagmem_offload(&name, 1, 0, TAGMEM_BACKUP), "tagmem_offload " + tag);
+  check(tagmem_wait_released(0), "tagmem_wait_released");
+  return d;
+}
+
+tagmem_status init_with(const char* name, const char* value) {
+  setenv(name, value, 1);
+  const tagmem_status s = tagmem_init(nullptr);
+  unsetenv(name);
+  return s;
+}
+
+void shared_device_test::SetUp() {
+  seed_ = std::random_device{}();
+  ASSERT_TRUE(reliability::emu().available);
+  total_ = reliability::emu().device_bytes(0);
+  before_ = take_fd_census();
+}
+
+void shared_device_test::TearDown() {
+  tagmem_shutdown();
+  reliability::emu().set_device_bytes(0, total_);
+  EXPECT_EQ(reliability::emu().device_used_bytes(0), 0u) << "the shared device is not empty";
+  EXPECT_EQ(emu_leaks(), "");
+  EXPECT_EQ(take_fd_census(), before_) << describe(take_fd_census()) << " / " << describe(before_);
+}
+
+void shared_device_test::fill_device() {
+  reliability::emu().set_device_bytes(0, reliability::emu().device_used_bytes(0));
+}
+
 std::string emu_leaks() {
   const auto& e = reliability::emu();
   std::string out;

@@ -7,6 +7,8 @@
 // TAGMEM_PEER_DIR per test run (main.cpp), so that concurrent runs never meet.
 #pragma once
 
+#include <gtest/gtest.h>
+
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -15,9 +17,16 @@
 #include <thread>
 #include <vector>
 
+#include "peer.hpp"
 #include "tagmem/tagmem.h"
 
 namespace tagmem::handoff_test {
+
+using preload_test::peer_args;
+using preload_test::peer_process;
+
+inline constexpr std::size_t MiB = std::size_t{1} << 20;
+inline constexpr std::size_t kPiece = 30 * MiB;  // a tag's allocation: one mapping each
 
 // Descriptors of this process that would show a leak: emulated device memory (memfds) and sockets.
 struct fd_census {
@@ -44,6 +53,13 @@ void primary_context();
 tag_data fill_tag(const std::string& tag, int count, std::size_t size, std::mt19937_64& rng);
 // How many allocations no longer hold their bytes.
 std::size_t corrupted(const tag_data& d);
+// fill_tag, then the tag offloaded (BACKUP) and its offload over (tagmem_wait_released). Throws
+// std::runtime_error with tagmem's message on failure.
+tag_data offloaded_backup(const std::string& tag, int count, std::size_t size,
+                          std::mt19937_64& rng);
+
+// tagmem_init with the environment variable `name` set to `value` for that call only.
+tagmem_status init_with(const char* name, const char* value);
 
 // Throws std::runtime_error naming `what` and tagmem's message unless `s` is TAGMEM_SUCCESS.
 void check(tagmem_status s, const std::string& what);
@@ -69,6 +85,20 @@ class reload_thread {
  private:
   std::string tag_, outcome_;
   std::thread thread_;
+};
+
+// A test of this process on the emulated GPU it shares with its peers: a random seed, and at the
+// end tagmem shut down, the device's size restored (tests shrink it to fill it), nothing of it
+// used, and no emulator object or descriptor left behind.
+class shared_device_test : public ::testing::Test {
+ protected:
+  void SetUp() override;
+  void TearDown() override;
+  // Makes the shared device exactly as large as what its processes use now.
+  void fill_device();
+  std::uint64_t seed_ = 0;
+  std::uint64_t total_ = 0;
+  fd_census before_;
 };
 
 // Polls `done` every 5 ms for at most 10 s (a bound, not a timing assertion).

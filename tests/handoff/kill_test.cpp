@@ -18,12 +18,6 @@
 namespace tagmem::handoff_test {
 namespace {
 
-using preload_test::peer_args;
-using preload_test::peer_process;
-
-constexpr std::size_t MiB = std::size_t{1} << 20;
-constexpr std::size_t kPiece = 30 * MiB;
-
 // Gives its DISCARD tag when told (perhaps dying on the way); reports what it gave.
 TAGMEM_PEER_SCENARIO(victim_giver) {
   check(tagmem_init(nullptr), "tagmem_init");

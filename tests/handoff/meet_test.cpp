@@ -23,12 +23,6 @@
 namespace tagmem::handoff_test {
 namespace {
 
-using preload_test::peer_args;
-using preload_test::peer_process;
-
-constexpr std::size_t MiB = std::size_t{1} << 20;
-constexpr std::size_t kPiece = 30 * MiB;
-
 std::string report_line(const tagmem_handoff_stats& s, const fd_census& before,
                         const fd_census& after, const std::string& leaks) {
   return "given " + std::to_string(s.given_bytes) + " refused " + std::to_string(s.refused_peers) +

@@ -16,11 +16,8 @@
 namespace tagmem::handoff_test {
 namespace {
 
-using preload_test::peer_args;
-using preload_test::peer_process;
-
 constexpr std::size_t MiB = std::size_t{1} << 20;
-constexpr std::size_t kPiece = 12 * MiB;  // the engine's mappings; two make one reload run
+constexpr std::size_t kEngine = 12 * MiB;  // the engine's mappings; two make one reload run
 
 // The trainer: a BACKUP tag of `count` mappings of `mib` MiB ("<seed> <count> <mib> <paused>"),
 // paused at once when `paused` is 1; then resumed and paused when told, checking its bytes after
@@ -60,26 +57,7 @@ TAGMEM_PEER_SCENARIO(overlap_trainer) {
   return take_fd_census() == before ? 0 : 13;
 }
 
-class HandoffOverlap : public ::testing::Test {
- protected:
-  void SetUp() override {
-    seed_ = std::random_device{}();
-    ASSERT_TRUE(reliability::emu().available);
-    total_ = reliability::emu().device_bytes(0);
-    before_ = take_fd_census();
-  }
-  void TearDown() override {
-    tagmem_shutdown();
-    reliability::emu().set_device_bytes(0, total_);
-    EXPECT_EQ(reliability::emu().device_used_bytes(0), 0u) << "the shared device is not empty";
-    EXPECT_EQ(emu_leaks(), "");
-    EXPECT_EQ(take_fd_census(), before_)
-        << describe(take_fd_census()) << " / " << describe(before_);
-  }
-  std::uint64_t seed_ = 0;
-  std::uint64_t total_ = 0;
-  fd_census before_;
-};
+class HandoffOverlap : public shared_device_test {};
 
 // A -> B -> A: the engine's kv cache goes to the trainer, which maps it as its own; when the
 // trainer pauses, the memory goes back to the engine's reload, although the driver does not export
@@ -91,27 +69,27 @@ TEST_F(HandoffOverlap, ReceivedMemoryIsHandedOnAgain) {
   ASSERT_EQ(trainer.channel().receive(), "ready");
   ASSERT_EQ(tagmem_init(nullptr), TAGMEM_SUCCESS) << tagmem_last_error();
   std::mt19937_64 rng(seed_);
-  tag_data w = fill_tag("w", 2, kPiece, rng);
-  tag_data kv = fill_tag("kv", 2, kPiece, rng);
-  reliability::emu().set_device_bytes(0, reliability::emu().device_used_bytes(0));  // full
+  tag_data w = fill_tag("w", 2, kEngine, rng);
+  tag_data kv = fill_tag("kv", 2, kEngine, rng);
+  fill_device();
   const char* kv_tag = "kv";
   const char* w_tag = "w";
   ASSERT_EQ(tagmem_offload(&kv_tag, 1, 0, TAGMEM_DISCARD), TAGMEM_SUCCESS) << tagmem_last_error();
   ASSERT_EQ(tagmem_offload(&w_tag, 1, 0, TAGMEM_BACKUP), TAGMEM_SUCCESS) << tagmem_last_error();
   ASSERT_EQ(tagmem_wait_released(0), TAGMEM_SUCCESS) << tagmem_last_error();
-  ASSERT_EQ(handoff_stats().given_bytes, 2 * kPiece) << "the kv cache did not go to the trainer";
+  ASSERT_EQ(handoff_stats().given_bytes, 2 * kEngine) << "the kv cache did not go to the trainer";
   trainer.channel().send("resume");
   ASSERT_EQ(trainer.channel().receive(), "intact");
   trainer.channel().send("pause");
   const char* both[] = {"w", "kv"};
   const tagmem_status reload = tagmem_reload(both, 2, 0);
   const std::string why = tagmem_last_error();
-  EXPECT_EQ(trainer.channel().receive(), "paused given " + std::to_string(2 * kPiece));
+  EXPECT_EQ(trainer.channel().receive(), "paused given " + std::to_string(2 * kEngine));
   ASSERT_EQ(reload, TAGMEM_SUCCESS) << why;
   EXPECT_EQ(corrupted(w), 0u);
   const tagmem_handoff_stats s = handoff_stats();
-  EXPECT_EQ(s.received_bytes, 2 * kPiece);
-  EXPECT_EQ(s.mapped_received_bytes, 2 * kPiece);
+  EXPECT_EQ(s.received_bytes, 2 * kEngine);
+  EXPECT_EQ(s.mapped_received_bytes, 2 * kEngine);
   reliability::emu().set_device_bytes(0, total_);
   trainer.channel().send("resume");  // from its backup
   EXPECT_EQ(trainer.channel().receive(), "intact");
@@ -124,13 +102,11 @@ TEST_F(HandoffOverlap, ReceivedMemoryIsHandedOnAgain) {
 // cannot use makes that room: the reload maps as the handles arrive instead of waiting out its
 // TAGMEM_HANDOFF_WAIT_MS with the trainer's memory in hand.
 TEST_F(HandoffOverlap, HandlesThatDoNotTileTheRunsStillFeedTheReload) {
-  setenv("TAGMEM_HANDOFF_WAIT_MS", "3000", 1);
-  const tagmem_status init = tagmem_init(nullptr);
-  unsetenv("TAGMEM_HANDOFF_WAIT_MS");
+  const tagmem_status init = init_with("TAGMEM_HANDOFF_WAIT_MS", "3000");
   ASSERT_EQ(init, TAGMEM_SUCCESS) << tagmem_last_error();
   std::mt19937_64 rng(seed_);
-  tag_data w = fill_tag("w", 2, kPiece, rng);
-  tag_data kv = fill_tag("kv", 2, kPiece, rng);
+  tag_data w = fill_tag("w", 2, kEngine, rng);
+  tag_data kv = fill_tag("kv", 2, kEngine, rng);
   const char* kv_tag = "kv";
   const char* w_tag = "w";
   ASSERT_EQ(tagmem_offload(&kv_tag, 1, 0, TAGMEM_DISCARD), TAGMEM_SUCCESS) << tagmem_last_error();
@@ -139,7 +115,7 @@ TEST_F(HandoffOverlap, HandlesThatDoNotTileTheRunsStillFeedTheReload) {
   peer_process trainer("overlap_trainer", "t");
   trainer.channel().send(std::to_string(seed_ + 1) + " 3 16 0");
   ASSERT_EQ(trainer.channel().receive(), "ready");
-  reliability::emu().set_device_bytes(0, reliability::emu().device_used_bytes(0));  // full
+  fill_device();
   trainer.channel().send("pause");
   const char* both[] = {"w", "kv"};
   const tagmem_status reload = tagmem_reload(both, 2, 0);

@@ -20,11 +20,7 @@
 namespace tagmem::handoff_test {
 namespace {
 
-using preload_test::peer_args;
-using preload_test::peer_process;
-
-constexpr std::size_t MiB = std::size_t{1} << 20;
-constexpr std::size_t kPiece = 30 * MiB;  // one mapping each, adjacent: one 60 MiB reload run
+// kPiece: one mapping each; two side by side make one 60 MiB reload run.
 
 void attach(int fd, bool giver) {
   runtime::hold h;

@@ -17,12 +17,6 @@
 namespace tagmem::handoff_test {
 namespace {
 
-using preload_test::peer_args;
-using preload_test::peer_process;
-
-constexpr std::size_t MiB = std::size_t{1} << 20;
-constexpr std::size_t kPiece = 30 * MiB;
-
 // A giver: resident DISCARD tag of two mappings, offloaded when told; exits when told.
 TAGMEM_PEER_SCENARIO(resident_giver) {
   check(tagmem_init(nullptr), "tagmem_init");
@@ -38,42 +32,15 @@ TAGMEM_PEER_SCENARIO(resident_giver) {
   return emu_leaks().empty() ? 0 : 12;
 }
 
-class HandoffWait : public ::testing::Test {
- protected:
-  void SetUp() override {
-    seed_ = std::random_device{}();
-    ASSERT_TRUE(reliability::emu().available);
-    total_ = reliability::emu().device_bytes(0);
-    before_ = take_fd_census();
-  }
-  void TearDown() override {
-    tagmem_shutdown();
-    reliability::emu().set_device_bytes(0, total_);
-    EXPECT_EQ(reliability::emu().device_used_bytes(0), 0u) << "the shared device is not empty";
-    EXPECT_EQ(emu_leaks(), "");
-    EXPECT_EQ(take_fd_census(), before_)
-        << describe(take_fd_census()) << " / " << describe(before_);
-  }
-  // Makes the shared device exactly as large as what its processes use now.
-  void fill_device() {
-    reliability::emu().set_device_bytes(0, reliability::emu().device_used_bytes(0));
-  }
-  std::uint64_t seed_ = 0;
-  std::uint64_t total_ = 0;
-  fd_census before_;
-};
+class HandoffWait : public shared_device_test {};
 
 // The reload starts on a full device, waits, and maps what the giver hands it as it arrives.
 TEST_F(HandoffWait, ReloadWaitsForMemoryGivenBack) {
-  setenv("TAGMEM_HANDOFF_ANNOUNCE", "reload", 1);  // it takes memory only while reloading
-  const tagmem_status init = tagmem_init(nullptr);
-  unsetenv("TAGMEM_HANDOFF_ANNOUNCE");
+  // It takes memory only while reloading.
+  const tagmem_status init = init_with("TAGMEM_HANDOFF_ANNOUNCE", "reload");
   ASSERT_EQ(init, TAGMEM_SUCCESS) << tagmem_last_error();
   std::mt19937_64 rng(seed_);
-  tag_data w = fill_tag("w", 2, kPiece, rng);
-  const char* w_tag = "w";
-  ASSERT_EQ(tagmem_offload(&w_tag, 1, 0, TAGMEM_BACKUP), TAGMEM_SUCCESS) << tagmem_last_error();
-  ASSERT_EQ(tagmem_wait_released(0), TAGMEM_SUCCESS);
+  tag_data w = offloaded_backup("w", 2, kPiece, rng);
   auto giver = std::make_unique<peer_process>("resident_giver", "g");
   giver->channel().send(std::to_string(seed_));
   ASSERT_EQ(giver->channel().receive(), "resident");
@@ -98,15 +65,11 @@ TEST_F(HandoffWait, ReloadWaitsForMemoryGivenBack) {
 // Nobody gives: OUT_OF_MEMORY once the wait is over, naming it; the tag keeps its backup and
 // reloads every byte once there is room.
 TEST_F(HandoffWait, ReloadWaitTimesOutWithBackupIntact) {
-  setenv("TAGMEM_HANDOFF_WAIT_MS", "200", 1);
-  const tagmem_status init = tagmem_init(nullptr);
-  unsetenv("TAGMEM_HANDOFF_WAIT_MS");
+  const tagmem_status init = init_with("TAGMEM_HANDOFF_WAIT_MS", "200");
   ASSERT_EQ(init, TAGMEM_SUCCESS) << tagmem_last_error();
   std::mt19937_64 rng(seed_);
-  tag_data w = fill_tag("w", 2, kPiece, rng);
+  tag_data w = offloaded_backup("w", 2, kPiece, rng);
   const char* w_tag = "w";
-  ASSERT_EQ(tagmem_offload(&w_tag, 1, 0, TAGMEM_BACKUP), TAGMEM_SUCCESS) << tagmem_last_error();
-  ASSERT_EQ(tagmem_wait_released(0), TAGMEM_SUCCESS);
   fill_device();
   EXPECT_EQ(tagmem_reload(&w_tag, 1, 0), TAGMEM_ERROR_OUT_OF_MEMORY);
   EXPECT_NE(std::string(tagmem_last_error()).find("TAGMEM_HANDOFF_WAIT_MS"), std::string::npos)
@@ -124,15 +87,11 @@ TEST_F(HandoffWait, ReloadWaitTimesOutWithBackupIntact) {
 
 // Memory handed to a process that never reloads goes back to the driver once held long enough.
 TEST_F(HandoffWait, ReceiverThatNeverMapsGivesBackAfterHold) {
-  setenv("TAGMEM_HANDOFF_HOLD_MS", "300", 1);
-  const tagmem_status init = tagmem_init(nullptr);
-  unsetenv("TAGMEM_HANDOFF_HOLD_MS");
+  const tagmem_status init = init_with("TAGMEM_HANDOFF_HOLD_MS", "300");
   ASSERT_EQ(init, TAGMEM_SUCCESS) << tagmem_last_error();
   std::mt19937_64 rng(seed_);
-  tag_data w = fill_tag("w", 2, kPiece, rng);
+  tag_data w = offloaded_backup("w", 2, kPiece, rng);
   const char* w_tag = "w";
-  ASSERT_EQ(tagmem_offload(&w_tag, 1, 0, TAGMEM_BACKUP), TAGMEM_SUCCESS) << tagmem_last_error();
-  ASSERT_EQ(tagmem_wait_released(0), TAGMEM_SUCCESS);
   {
     peer_process giver("resident_giver", "g");
     giver.channel().send(std::to_string(seed_));
