@@ -70,10 +70,4 @@ CUresult release_handle(CUmemGenericAllocationHandle handle) noexcept {
   return r;
 }
 
-std::size_t count() noexcept {
-  book& b = the_book();
-  std::lock_guard lock(b.mutex);
-  return b.fds.size();
-}
-
 }  // namespace tagmem::received_fds

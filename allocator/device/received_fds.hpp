@@ -28,7 +28,5 @@ int shareable_fd(CUmemGenericAllocationHandle handle, CUresult* why = nullptr) n
 void forget(CUmemGenericAllocationHandle handle) noexcept;
 // cuMemRelease of `handle`, and forget when it succeeds.
 CUresult release_handle(CUmemGenericAllocationHandle handle) noexcept;
-// How many descriptors are kept (tests).
-std::size_t count() noexcept;
 
 }  // namespace tagmem::received_fds
