@@ -17,6 +17,8 @@
 #   pytest-gpu   pytest test_gpu_*.py (PyTorch: MemPool and global modes, graphs, training, compat,
 #                record_stream in global mode through the libtorch step's library)
 #   bench        integrations/torch/bench/phase_switch.py (8B-shaped weights, tagmem vs .to("cpu"))
+#   bench-rl-two integrations/torch/bench/rl_two.py (the two-process switch, tagmem's handoff
+#                variants beside torch_memory_saver)
 #   fsdp2        with --two-gpu: torchrun --nproc-per-node 2 tests/torch/fsdp2_two_gpu.py
 # With TAGMEM_LIBCUDA set (the emulated driver) only the torch-free steps can run: the PyTorch
 # steps are reported NOT RUN, never as passed. --size small (the emulator's default) shrinks the
@@ -139,11 +141,11 @@ fi
 
 # ---- PyTorch suites ---------------------------------------------------------------------------
 if [[ $EMULATOR == 1 ]]; then
-  for s in pytest-gpu libtorch bench fsdp2; do
+  for s in pytest-gpu libtorch bench bench-rl-two fsdp2; do
     not_run $s "TAGMEM_LIBCUDA is set (emulated driver); PyTorch needs a real GPU"
   done
 elif ! step torch-available $PY -c 'import torch; assert torch.cuda.is_available(), "no CUDA device"; print(torch.__version__)'; then
-  for s in pytest-gpu libtorch bench fsdp2; do not_run $s "PyTorch with CUDA is unavailable"; done
+  for s in pytest-gpu libtorch bench bench-rl-two fsdp2; do not_run $s "PyTorch with CUDA is unavailable"; done
 else
 
   build_libtorch() {
@@ -175,6 +177,12 @@ else
     BENCH_ARGS=(--cycles 5)
   fi
   wanted bench && step bench $PY integrations/torch/bench/phase_switch.py "${BENCH_ARGS[@]}" --out "$OUT/bench.json"
+  if [[ $SIZE == small ]]; then
+    RL_TWO_ARGS=(--layers 2 --scale 8 --kv-gib 1 --cycles 3)
+  else
+    RL_TWO_ARGS=(--cycles 3)
+  fi
+  wanted bench-rl-two && step bench-rl-two $PY integrations/torch/bench/rl_two.py "${RL_TWO_ARGS[@]}"
 
   if ! wanted fsdp2; then
     :
@@ -197,6 +205,7 @@ fi
   [[ -f "$OUT/libtorch.log" ]] && grep -E '^(PASS|FAIL): ' "$OUT/libtorch.log" | sed 's/^/libtorch: /'
   [[ -f "$OUT/fsdp2.log" ]] && grep -E '^(PASS|FAIL) fsdp2' "$OUT/fsdp2.log"
   [[ -f "$OUT/bench.log" ]] && grep -E '^\|' "$OUT/bench.log"
+  [[ -f "$OUT/bench-rl-two.log" ]] && grep -E '^\||ERROR' "$OUT/bench-rl-two.log"
   printf '%s\n' "${SUMMARY[@]}"
 } | tee "$OUT/summary.txt"
 exit $FAILED

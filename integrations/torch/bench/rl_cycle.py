@@ -212,15 +212,20 @@ def run_all(args):
     return 0 if all("skipped" not in r or r["method"] != "tagmem" for r in results) else 1
 
 
-def parse(argv):
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--method", default="all", choices=METHODS + ("all",))
+def add_workload_args(ap):
+    """The workload's arguments, shared with rl_two.py."""
     ap.add_argument("--layers", type=int, default=32)
     ap.add_argument("--scale", type=int, default=1, help="divide every width (quick runs)")
     ap.add_argument("--kv-gib", type=float, default=60.0)
     ap.add_argument("--link-gib", type=float, default=4.0)
     ap.add_argument("--cycles", type=int, default=5)
     ap.add_argument("--tms-hook-mode", default="torch", help="torch_memory_saver.hook_mode")
+
+
+def parse(argv):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--method", default="all", choices=METHODS + ("all",))
+    add_workload_args(ap)
     ap.add_argument("--out", help="write the results as JSON here")
     ap.add_argument("--child-json", help=argparse.SUPPRESS)
     return ap.parse_args(argv)
