@@ -101,6 +101,33 @@ TEST_F(HandoffMeet, DiscardOffloadGoesToListeningPeer) {
   EXPECT_EQ(handoff_stats().mapped_received_bytes, 2 * kPiece);
 }
 
+// Memory goes back to the process that created it: this process's DISCARD tag goes to a peer
+// (overlap_test.cpp's trainer), which maps it as its own; when the peer offloads, the memory comes
+// back, sent as the descriptor it arrived with (the driver does not export an imported handle,
+// Note [one hop]), and this process's reload maps it without a create.
+TEST_F(HandoffMeet, ReceivedMemoryGoesBackToItsCreator) {
+  peer_process trainer("overlap_trainer", "t");
+  trainer.channel().send(std::to_string(seed_ + 1) + " 2 12 1");  // two 12 MiB mappings, paused
+  ASSERT_EQ(trainer.channel().receive(), "ready");
+  ASSERT_EQ(tagmem_init(nullptr), TAGMEM_SUCCESS) << tagmem_last_error();
+  std::mt19937_64 rng(seed_);
+  tag_data kv = fill_tag("kv", 2, 12 * MiB, rng);
+  const char* kv_tag = "kv";
+  ASSERT_EQ(tagmem_offload(&kv_tag, 1, 0, TAGMEM_DISCARD), TAGMEM_SUCCESS) << tagmem_last_error();
+  ASSERT_EQ(handoff_stats().given_bytes, 24 * MiB);
+  trainer.channel().send("resume");
+  ASSERT_EQ(trainer.channel().receive(), "intact");
+  trainer.channel().send("pause");
+  EXPECT_EQ(trainer.channel().receive(), "paused given " + std::to_string(24 * MiB));
+  EXPECT_EQ(handoff_stats().held_bytes, 24 * MiB);
+  const std::uint64_t creates = emu_calls("cuMemCreate");
+  ASSERT_EQ(tagmem_reload(&kv_tag, 1, 0), TAGMEM_SUCCESS) << tagmem_last_error();
+  EXPECT_EQ(emu_calls("cuMemCreate"), creates);
+  EXPECT_EQ(handoff_stats().mapped_received_bytes, 24 * MiB);
+  trainer.channel().send("exit");
+  EXPECT_EQ(trainer.wait(), 0);
+}
+
 // A giver of another job lists other files: it finds no taker and its memory goes to the driver.
 TEST_F(HandoffMeet, GiverOfAnotherJobFindsNoTaker) {
   std::mt19937_64 rng(seed_);

@@ -16,7 +16,6 @@
 namespace tagmem::handoff_test {
 namespace {
 
-constexpr std::size_t MiB = std::size_t{1} << 20;
 constexpr std::size_t kEngine = 12 * MiB;  // the engine's mappings; two make one reload run
 
 // The trainer: a BACKUP tag of `count` mappings of `mib` MiB ("<seed> <count> <mib> <paused>"),
