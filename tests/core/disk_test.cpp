@@ -117,6 +117,27 @@ TEST_F(Disk, OffloadAndReloadKeepEveryByteAndLeaveNoFile) {
   free_all(all);
 }
 
+TEST_F(Disk, EachCycleWritesTheSameFilesOnePerMapping) {
+  // Reloading from disk keeps the mappings as they were: they are not coalesced, so the next
+  // offload writes a file per mapping again, not one for all of them.
+  TAGMEM_OK(tagmem_set_disk_file_bytes(0));  // TAGMEM_DISK_FILE_BYTES: 1 GiB, no cut here
+  auto rng = rng_for_test();
+  auto all = fill(rng, "m", 2, (3 << 20) + 99);
+  auto small = fill(rng, "m", 1, 5);
+  all.insert(all.end(), small.begin(), small.end());
+  std::size_t first = 0;
+  for (int cycle = 0; cycle < 3; ++cycle) {
+    TAGMEM_OK(offload("m"));
+    if (cycle == 0) first = files().size();
+    EXPECT_GE(files().size(), 2u);
+    EXPECT_EQ(files().size(), first) << "cycle " << cycle;
+    TAGMEM_OK(reload("m"));
+    EXPECT_EQ(corrupted(all), 0u);
+    refill(rng, all);
+  }
+  free_all(all);
+}
+
 TEST_F(Disk, SeveralTagsAndOtherModesReloadTogether) {
   auto rng = rng_for_test();
   auto a = fill(rng, "a", 2, 3 << 20);
