@@ -10,22 +10,27 @@
 // tagmem tags of a torch_memory_saver tag with tagmem_offload / tagmem_reload on every device that
 // has them.
 //
-// Note [one tagmem tag per backup wish]: torch_memory_saver decides per allocation whether a pause
-// keeps its bytes, tagmem per tag. So a torch_memory_saver tag is one tagmem tag per backup wish:
-// the wish it is first configured with (by a routed thread) gets the tag's own name, the other one
-// the name with kBackupSuffix or kNoBackupSuffix appended. A tag always used one way (the usual
-// case) keeps its name. The wish is settled by tms_set_enable_cpu_backup, the last of the calls
-// torch_memory_saver's set_config makes for a region (tag, then tracking, then backup): the states
-// it passes through before never claim a name, and a tag only seen routed (tracking switched on
-// without a backup wish being set) keeps the name unclaimed until one is.
+// Note [one tagmem tag per backup wish]: torch_memory_saver decides per allocation whether and
+// where a pause keeps its bytes (a CPU copy, a disk copy, none), tagmem per tag. So a
+// torch_memory_saver tag is one tagmem tag per backup wish: the wish it is first configured with
+// (by a routed thread) gets the tag's own name, the others the name with kBackupSuffix,
+// kDiskSuffix or kNoBackupSuffix appended. A tag always used one way (the usual case) keeps its
+// name. The wish is settled by tms_set_enable_cpu_backup and then tms_set_enable_disk_backup, the
+// last calls torch_memory_saver's set_config makes for a region (tag, tracking, CPU backup,
+// backend, disk backup): the states it passes through before never claim a name (a CPU setter
+// that turns the CPU backup off while the thread's disk wish is on leaves the claim to the disk
+// setter that follows), and a tag only seen routed (tracking switched on without a backup wish
+// being set) keeps the name unclaimed until one is. Callers that never call the disk setter
+// settle the wish with the CPU one, as before torch_memory_saver had disk backups.
 //
 // The "mmap" backend is accepted and recorded: tagmem backs every tag up to its pinned host store,
 // and a resume of a tag whose backup was asked for with "mmap" (and that keeps no copy) gives the
 // store's free host memory back to the system (tagmem_host_trim), which is that backend's promise:
-// the process's host memory drops after resume. Disk backup is not offered by this library:
-// tms_set_enable_disk_backup(true) and tms_set_disk_backup_dir print why on stderr and change
-// nothing.
+// the process's host memory drops after resume. A disk wish pauses its tagmem tag with
+// TAGMEM_BACKUP_DISK into the directory of tms_set_disk_backup_dir (created when missing), else
+// TMS_DISK_BACKUP_DIR, else TAGMEM_DISK_DIR, else /tmp (torch_memory_saver's default).
 #include <strings.h>
+#include <sys/stat.h>
 
 #include <cstdint>
 #include <cstdio>
@@ -36,6 +41,7 @@
 #include <utility>
 #include <vector>
 
+#include "api/runtime.hpp"  // option_env: the settings table
 #include "shim_config.hpp"
 #include "tagmem/tagmem.h"
 #include "tagmem/tagmem_preload.h"
@@ -63,17 +69,24 @@ const char* env_backend() {
 
 struct thread_config {
   std::string tag = kDefaultTag;
-  bool pushed = false;  // `scope` is on this thread's tag scope (the plain "default" is not)
-  std::string scope;    // the tagmem tag pushed
-  int routed = -1;      // -1: not set yet, the routing mode decides (tag scopes, default tag)
-  int backup = -1;      // -1: not set yet, TMS_INIT_ENABLE_CPU_BACKUP decides
-  std::string backend;  // empty: not set yet, TMS_INIT_CPU_BACKUP_BACKEND decides
+  bool pushed = false;      // `scope` is on this thread's tag scope (the plain "default" is not)
+  std::string scope;        // the tagmem tag pushed
+  int routed = -1;          // -1: not set yet, the routing mode decides (tag scopes, default tag)
+  int backup = -1;          // -1: not set yet, TMS_INIT_ENABLE_CPU_BACKUP decides
+  int disk = -1;            // -1: not set yet, TMS_INIT_ENABLE_DISK_BACKUP decides
+  std::string provisional;  // a record the CPU setter made, which the disk setter may undo
+  std::string backend;      // empty: not set yet, TMS_INIT_CPU_BACKUP_BACKEND decides
 };
 thread_local thread_config t_config;
 
 bool thread_backup() {
   if (t_config.backup < 0) t_config.backup = env_true("TMS_INIT_ENABLE_CPU_BACKUP") ? 1 : 0;
   return t_config.backup == 1;
+}
+
+bool thread_disk() {
+  if (t_config.disk < 0) t_config.disk = env_true("TMS_INIT_ENABLE_DISK_BACKUP") ? 1 : 0;
+  return t_config.disk == 1;
 }
 
 const std::string& thread_backend() {
@@ -83,18 +96,25 @@ const std::string& thread_backend() {
 
 constexpr const char* kBackupSuffix = "+cpu_backup";
 constexpr const char* kNoBackupSuffix = "+no_backup";
+constexpr const char* kDiskSuffix = "+disk_backup";
 
 struct tag_record {
-  std::string name;  // the tagmem tag
-  std::string tms;   // the torch_memory_saver tag it is a part of
-  bool backup;
-  bool reclaim;  // backed up with the "mmap" backend: host memory given back after resume
-  bool claimed;  // its backup wish was set (Note [one tagmem tag per backup wish])
+  std::string name;   // the tagmem tag
+  std::string tms;    // the torch_memory_saver tag it is a part of
+  bool backup;        // a CPU copy
+  bool reclaim;       // backed up with the "mmap" backend: host memory given back after resume
+  bool claimed;       // its backup wish was set (Note [one tagmem tag per backup wish])
+  bool disk = false;  // a disk copy (never with `backup`: a CPU backup wins)
 };
+
+const char* suffix(bool backup, bool disk) {
+  return backup ? kBackupSuffix : disk ? kDiskSuffix : kNoBackupSuffix;
+}
 
 std::mutex g_mutex;
 std::vector<tag_record>* g_tags = nullptr;  // in first-configured order; never destroyed
 bool g_retain = false;
+bool g_disk_dir_set = false;  // by tms_set_disk_backup_dir or TMS_DISK_BACKUP_DIR
 std::once_flag g_once;
 
 // The tagmem tag a torch_memory_saver tag's first backup wish goes to: its own name, except that
@@ -112,30 +132,47 @@ tag_record* find_locked(const std::string& name) {
   return nullptr;
 }
 
-// The tagmem tag of `tms` with backup wish `backup`. Called with g_mutex held.
-std::string variant_locked(const std::string& tms, bool backup) {
+// The tagmem tag of `tms` with backup wish (`backup`, `disk`). Called with g_mutex held.
+std::string variant_locked(const std::string& tms, bool backup, bool disk) {
+  disk = disk && !backup;
   for (const tag_record& r : *g_tags) {
-    if (r.claimed && r.tms == tms && r.backup == backup) return r.name;
+    if (r.claimed && r.tms == tms && r.backup == backup && r.disk == disk) return r.name;
   }
   const std::string plain = plain_name(tms);
   const tag_record* owner = find_locked(plain);
-  if (owner != nullptr && owner->claimed && owner->backup != backup) {
-    return tms + (backup ? kBackupSuffix : kNoBackupSuffix);
+  if (owner != nullptr && owner->claimed && (owner->backup != backup || owner->disk != disk)) {
+    return tms + suffix(backup, disk);
   }
   return plain;
 }
 
-// Records the tagmem tag of (`tms`, `backup`) and returns its name; `claim` settles the wish.
-// Called with g_mutex held.
-std::string note_locked(const std::string& tms, bool backup, bool reclaim, bool claim) {
-  const std::string name = variant_locked(tms, backup);
+// Records the tagmem tag of (`tms`, `backup`, `disk`) and returns its name; `claim` settles the
+// wish. Called with g_mutex held.
+std::string note_locked(const std::string& tms, bool backup, bool disk, bool reclaim, bool claim) {
+  const std::string name = variant_locked(tms, backup, disk);
+  const tag_record record{name, tms, backup, backup && reclaim, claim, disk && !backup};
   tag_record* r = find_locked(name);
   if (r == nullptr) {
-    g_tags->push_back({name, tms, backup, backup && reclaim, claim});
+    g_tags->push_back(record);
+    if (claim) t_config.provisional = name;
     return name;
   }
-  if (claim) *r = {name, tms, backup, backup && reclaim, true};
+  if (claim && !r->claimed) t_config.provisional = name;
+  if (claim) *r = record;
   return name;
+}
+
+// Makes `dir` (and its parents) when missing and points tagmem's disk tier at it.
+void use_disk_dir(const char* dir) {
+  std::string path;
+  for (const char* c = dir; *c; ++c) {
+    if (*c == '/' && !path.empty()) (void)mkdir(path.c_str(), 0700);  // exists: fine
+    path += *c;
+  }
+  (void)mkdir(path.c_str(), 0700);
+  if (tagmem_set_disk_dir(dir) != TAGMEM_SUCCESS) {
+    std::fprintf(stderr, "tagmem: disk backup directory \"%s\": %s\n", dir, tagmem_last_error());
+  }
 }
 
 void start() {
@@ -143,11 +180,16 @@ void start() {
     std::lock_guard<std::mutex> lock(g_mutex);
     g_tags = new std::vector<tag_record>;
     g_retain = env_true("TMS_RETAIN_CPU_BACKUP");
+    if (const char* dir = std::getenv("TMS_DISK_BACKUP_DIR"); dir && *dir) {
+      use_disk_dir(dir);
+      g_disk_dir_set = true;
+    }
     // TMS_INIT_ENABLE=1: every cudaMalloc outside a region goes to the shim's default tag.
     if (const std::string& d = config().default_tag; !d.empty()) {
       const bool backup = env_true("TMS_INIT_ENABLE_CPU_BACKUP");
+      const bool disk = !backup && env_true("TMS_INIT_ENABLE_DISK_BACKUP");
       g_tags->push_back(
-          {d, kDefaultTag, backup, backup && env_backend() == std::string("mmap"), true});
+          {d, kDefaultTag, backup, backup && env_backend() == std::string("mmap"), true, disk});
     }
   });
 }
@@ -158,11 +200,12 @@ void start() {
 // promise is host memory only while the tag is paused).
 bool apply(bool claim) {
   const bool backup = thread_backup();
+  const bool disk = thread_disk();
   const bool reclaim = thread_backend() == "mmap";
   std::string name;
   {
     std::lock_guard<std::mutex> lock(g_mutex);
-    name = variant_locked(t_config.tag, backup);
+    name = variant_locked(t_config.tag, backup, disk);
   }
   // The plain "default" is no scope: outside regions the shim's own default tag applies.
   const bool push = !(t_config.tag == kDefaultTag && name == plain_name(kDefaultTag));
@@ -193,7 +236,7 @@ bool apply(bool claim) {
   if (routing_tag() == nullptr) return true;
   {
     std::lock_guard<std::mutex> lock(g_mutex);
-    name = note_locked(t_config.tag, backup, reclaim, claim);
+    name = note_locked(t_config.tag, backup, disk, reclaim, claim);
   }
   if (claim) {
     tagmem_tag_plan_offload(name.c_str(), TAGMEM_CURRENT_DEVICE,
@@ -212,7 +255,7 @@ std::vector<tag_record> selected(const char* tag) {
   }
   // A tag this library never saw configured: paused without a backup, as torch_memory_saver
   // pauses allocations that asked for none.
-  if (out.empty()) out.push_back({tag, tag, false, false, false});
+  if (out.empty()) out.push_back({tag, tag, false, false, false, false});
   return out;
 }
 
@@ -241,11 +284,12 @@ int offload_group(const std::vector<std::string>& names, int device, tagmem_offl
   return tagmem_offload(list.data(), list.size(), device, mode);
 }
 
-void refuse(const char* what) {
-  std::fprintf(stderr,
-               "tagmem: %s: this library has no disk tier; use enable_cpu_backup (tagmem's pinned "
-               "host store) instead; nothing was changed\n",
-               what);
+// Before a disk offload: torch_memory_saver's default directory when none was named.
+void ensure_disk_dir() {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  if (g_disk_dir_set || option_env(option::DISK_DIR) != nullptr) return;
+  use_disk_dir("/tmp");
+  g_disk_dir_set = true;
 }
 
 }  // namespace
@@ -285,8 +329,9 @@ TMS_EXPORT bool tms_get_enable_cpu_backup() { return thread_backup(); }
 
 TMS_EXPORT void tms_set_enable_cpu_backup(bool value) {
   start();
+  t_config.provisional.clear();
   t_config.backup = value ? 1 : 0;
-  apply(true);
+  apply(value || !thread_disk());  // else the disk setter settles it
 }
 
 TMS_EXPORT const char* tms_get_cpu_backup_backend() { return thread_backend().c_str(); }
@@ -304,13 +349,37 @@ TMS_EXPORT void tms_set_cpu_backup_backend(const char* backend) {
   if (thread_backup()) apply(true);
 }
 
-TMS_EXPORT bool tms_get_enable_disk_backup() { return false; }
+TMS_EXPORT bool tms_get_enable_disk_backup() { return thread_disk(); }
 
 TMS_EXPORT void tms_set_enable_disk_backup(bool value) {
-  if (value) refuse("tms_set_enable_disk_backup(true)");
+  start();
+  // The CPU setter just before claimed a name for the wish without a disk backup, which this call
+  // changes: that claim is undone, so that the wish settled here may take the tag's own name.
+  if (value != thread_disk() && !thread_backup() && !t_config.provisional.empty()) {
+    std::lock_guard<std::mutex> lock(g_mutex);
+    for (auto it = g_tags->begin(); it != g_tags->end(); ++it) {
+      if (it->name == t_config.provisional && !it->backup && !it->disk) {
+        it->claimed = false;
+        break;
+      }
+    }
+  }
+  t_config.provisional.clear();
+  t_config.disk = value ? 1 : 0;
+  apply(true);
 }
 
-TMS_EXPORT void tms_set_disk_backup_dir(const char*) { refuse("tms_set_disk_backup_dir"); }
+TMS_EXPORT void tms_set_disk_backup_dir(const char* dir) {
+  start();
+  if (dir == nullptr || *dir == '\0') {
+    std::fprintf(stderr,
+                 "tagmem: tms_set_disk_backup_dir: a directory is needed; nothing changed\n");
+    return;
+  }
+  std::lock_guard<std::mutex> lock(g_mutex);
+  use_disk_dir(dir);
+  g_disk_dir_set = true;
+}
 
 TMS_EXPORT void set_memory_margin_bytes(uint64_t value) {
   tagmem_set_memory_margin(static_cast<size_t>(value));
@@ -329,27 +398,29 @@ TMS_EXPORT bool tms_get_retain_cpu_backup() {
 }
 
 // Pauses `tag` (NULL or "": every tag configured through these functions) on every device: its
-// tagmem tags that want a CPU copy with BACKUP, the others with DISCARD; returns once the memory is
-// back with the driver. The caller has finished the work that uses the memory (torch_memory_saver's
-// callers synchronise first). Returns a tagmem_status: a named tag that is paused already (none of
-// its tagmem tags resident) is TAG_OFFLOADED (tagmem is stricter than torch_memory_saver here); a
-// tag with no memory anywhere has nothing to pause (0). On an error, the devices before it stay
-// paused.
+// tagmem tags that want a CPU copy with BACKUP, a disk copy with BACKUP_DISK, the others with
+// DISCARD; returns once the memory is back with the driver. The caller has finished the work that
+// uses the memory (torch_memory_saver's callers synchronise first). Returns a tagmem_status: a
+// named tag that is paused already (none of its tagmem tags resident) is TAG_OFFLOADED (tagmem is
+// stricter than torch_memory_saver here); a tag with no memory anywhere has nothing to pause (0).
+// On an error, the devices before it stay paused.
 TMS_EXPORT int tms_pause(const char* tag) {
   start();
   const bool named = tag != nullptr && *tag != '\0';
   const std::vector<tag_record> want = selected(tag);
   for (int d = 0; d < kMaxDevices && device_exists(d); ++d) {
-    std::vector<std::string> backup, discard;
+    std::vector<std::string> backup, disk, discard;
     const auto here = present(want, d);
     for (const auto& [r, state] : here) {
-      if (state == TAGMEM_RESIDENT) (r.backup ? backup : discard).push_back(r.name);
+      if (state == TAGMEM_RESIDENT) (r.backup ? backup : r.disk ? disk : discard).push_back(r.name);
     }
-    if (backup.empty() && discard.empty()) {
+    if (backup.empty() && disk.empty() && discard.empty()) {
       if (named && !here.empty()) return TAGMEM_ERROR_TAG_OFFLOADED;
       continue;
     }  // no context is made on devices unused here
     if (int s = offload_group(backup, d, TAGMEM_BACKUP)) return s;
+    if (!disk.empty()) ensure_disk_dir();
+    if (int s = offload_group(disk, d, TAGMEM_BACKUP_DISK)) return s;
     if (int s = offload_group(discard, d, TAGMEM_DISCARD)) return s;
     if (int s = tagmem_wait_released(d)) return s;
   }

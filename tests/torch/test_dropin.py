@@ -202,15 +202,13 @@ def test_install_refuses_when_another_torch_memory_saver_is_imported(clean_insta
         dropin.install()
 
 
-def test_disk_backup_says_what_to_use_instead_and_retention_is_a_setting(monkeypatch):
+def test_backup_arguments_are_checked_and_retention_is_a_setting(monkeypatch):
     from tagmem.compat.torch_memory_saver import TorchMemorySaver
 
     saver = TorchMemorySaver()
-    with pytest.raises(NotImplementedError, match="enable_cpu_backup=True"):
-        with saver.region(tag="x", enable_disk_backup=True):
+    with pytest.raises(ValueError, match="mutually exclusive"):
+        with saver.region(tag="x", enable_cpu_backup=True, enable_disk_backup=True):
             pass
-    with pytest.raises(NotImplementedError, match="disk tier"):
-        saver.set_disk_backup_dir("/tmp")
     with pytest.raises(ValueError, match="requires enable_cpu_backup"):
         with saver.region(cpu_backup_backend="pinned"):
             pass

@@ -36,6 +36,7 @@ PRELUDE = """
         ("tms_set_cpu_backup_backend", None, [c]), ("tms_get_cpu_backup_backend", c, []),
         ("tms_set_enable_disk_backup", None, [ctypes.c_bool]),
         ("tms_get_enable_disk_backup", ctypes.c_bool, []),
+        ("tms_set_disk_backup_dir", None, [c]),
         ("tms_pause", ctypes.c_int, [c]), ("tms_resume", ctypes.c_int, [c]),
         ("tms_set_retain_cpu_backup", None, [ctypes.c_bool]),
         ("tms_get_retain_cpu_backup", ctypes.c_bool, []),
@@ -59,12 +60,14 @@ PRELUDE = """
         io.write(ptr, data)
         return ptr, data
 
-    def set_config(tag, interesting, backup, backend=None):  # torch_memory_saver's order
+    def set_config(tag, interesting, backup, backend=None, disk=None):  # torch_memory_saver's order
         p.tms_set_current_tag(tag.encode())
         p.tms_set_interesting_region(interesting)
         p.tms_set_enable_cpu_backup(backup)
         if backend is not None:
             p.tms_set_cpu_backup_backend(backend.encode())
+        if disk is not None:
+            p.tms_set_enable_disk_backup(disk)
 
     def backup_bytes(ptr, n):
         host = p.tms_get_cpu_backup_pointer(ctypes.cast(ptr, ctypes.POINTER(ctypes.c_uint8)), n)
@@ -189,7 +192,7 @@ def test_the_mmap_backend_gives_host_memory_back_after_resume_and_pinned_keeps_t
         out["bytes"] = io.read(a, n) == da and io.read(b, n) == db
         p.tms_set_cpu_backup_backend(b"floppy")  # refused: nothing changes
         out["refused"] = p.tms_get_cpu_backup_backend().decode()
-        p.tms_set_enable_disk_backup(True)  # no disk tier here: refused, said on stderr
+        p.tms_set_enable_disk_backup(True)  # the thread's disk wish, as torch_memory_saver's
         out["disk"] = p.tms_get_enable_disk_backup()
         print(json.dumps(out))
         """,
@@ -198,7 +201,7 @@ def test_the_mmap_backend_gives_host_memory_back_after_resume_and_pinned_keeps_t
     assert out["env"] == "mmap" and out["backend"] == "mmap"
     assert out["pinned_kept"] and out["paused"] and out["bytes"]
     assert out["released"] == 0
-    assert out["refused"] == "mmap" and out["disk"] is False
+    assert out["refused"] == "mmap" and out["disk"] is True
 
 
 def test_one_tag_with_and_without_a_backup_keeps_only_the_backed_up_bytes(run_under_shim):
@@ -266,3 +269,44 @@ def test_a_retained_copy_stays_at_its_host_address_across_resume_and_the_next_pa
         {},
     )
     assert out == {"resumed": [True, True], "repaused": [True, True], "released": [True, True]}
+
+
+def test_a_disk_wish_pauses_to_files_in_the_directory_set_and_brings_the_bytes_back(
+    run_under_shim, tmp_path
+):
+    # torch_memory_saver's disk_backup example through the C functions: one tag with regions
+    # backed up to disk and regions without a backup; the disk directory is made by
+    # tms_set_disk_backup_dir; every cycle writes the same files and the resume removes them.
+    out = run_under_shim(
+        """
+        spill = {spill!r}
+        p.tms_set_disk_backup_dir(spill.encode())
+        set_config("default", True, False, disk=True)
+        out = {{"inside": [p.tms_get_enable_disk_backup(), p.tms_get_enable_cpu_backup()]}}
+        big, dbig = filled((13 << 20) + 4321)
+        small, dsmall = filled(7)
+        set_config("default", True, False, disk=False)
+        gone, _ = filled(1 << 20)
+        set_config("default", False, False, disk=False)
+        out["owners"] = [tagmem.pointer_info(x)["tag"] for x in (big, small, gone)]
+        out["cycles"] = []
+        for _ in range(3):
+            assert p.tms_pause(None) == 0
+            files = sorted(os.listdir(spill))
+            states = [tagmem.state(n) for n in ("default", "default+no_backup")]
+            total = sum(os.path.getsize(os.path.join(spill, f)) for f in files)
+            no_copy = backup_bytes(big, 16) is None
+            assert p.tms_resume(None) == 0
+            out["cycles"].append([len(files), total, states, no_copy,
+                                  io.read(big, len(dbig)) == dbig and io.read(small, 7) == dsmall,
+                                  os.listdir(spill)])
+        print(json.dumps(out))
+        """.format(spill=str(tmp_path / "spill" / "deeper")),
+        {},
+    )
+    assert out["inside"] == [True, False]
+    assert out["owners"] == ["default", "default", "default+no_backup"]
+    first = out["cycles"][0]
+    assert first[0] >= 2 and first[1] >= (13 << 20) + 4321
+    for cycle in out["cycles"]:
+        assert cycle == [first[0], first[1], ["offloaded_disk", "offloaded_discard"], True, True, []]

@@ -234,3 +234,47 @@ def test_torch_mode_one_tag_with_and_without_a_backup_keeps_only_the_backed_up_b
     assert io.read(b, sizes[1]) == data[1]
     for ptr in (a, b, c):
         tagmem.raw_free(ptr)
+
+
+def test_torch_mode_disk_backup_spills_to_files_and_restores_them(torch_free, io, rng, tmp_path):
+    # torch_memory_saver's disk_backup example: a region of the default tag backed up to disk
+    # beside one without a backup; each pause leaves files in the directory set through the saver
+    # (the same total every cycle), each resume brings back the disk-backed bytes exactly and
+    # removes the files.
+    saver = dropin.TorchMemorySaver()
+    saver.hook_mode = "torch"
+    disk_dir = tmp_path / "spill"
+    saver.set_disk_backup_dir(str(disk_dir))  # created by the saver
+    tag = f"d{rng.randrange(1 << 30)}"
+    sizes = [(13 << 20) // 4 * 4 + rng.randrange(1, 4096), 7]
+    with saver.region(tag=tag, enable_disk_backup=True):
+        spilled = [tagmem.raw_alloc(n) for n in sizes]
+    with saver.region(tag=tag):
+        dropped = tagmem.raw_alloc(1 << 20)
+    data = [rng.randbytes(n) for n in sizes]
+    for ptr, d in zip(spilled, data):
+        io.write(ptr, d)
+    assert [tagmem.pointer_info(p)["tag"] for p in (*spilled, dropped)] == [tag, tag, tag + "+no_backup"]
+    assert (tag, False, True, "", 0) in saver._impl._mem_pools
+    totals = set()
+    for _ in range(3):
+        saver.pause()
+        assert tagmem.state(tag) == "offloaded_disk"
+        assert tagmem.state(tag + "+no_backup") == "offloaded_discard"
+        files = list(disk_dir.iterdir())
+        assert len(files) >= 2 and sum(f.stat().st_size for f in files) >= sum(sizes)
+        totals.add(sum(f.stat().st_size for f in files))
+        saver.resume()
+        assert [io.read(p, n) for p, n in zip(spilled, sizes)] == data
+        assert list(disk_dir.iterdir()) == []
+    assert len(totals) == 1
+    for ptr in (*spilled, dropped):
+        tagmem.raw_free(ptr)
+
+
+def test_disk_and_cpu_backup_together_are_refused(torch_free):
+    saver = dropin.TorchMemorySaver()
+    saver.hook_mode = "torch"
+    with pytest.raises(ValueError):
+        with saver.region(enable_cpu_backup=True, enable_disk_backup=True):
+            pass

@@ -21,14 +21,16 @@ use; by default "preload" when libtagmem_preload.so is loaded in the process, el
   the shim's TAGMEM_PRELOAD_TAG when set), TMS_INIT_ENABLE_CPU_BACKUP=1 backs that tag up on
   pause.
 
-A region tag is one tagmem tag per backup wish (the first wish keeps the tag's name, the other
-gets "+cpu_backup" or "+no_backup" appended), as torch_memory_saver decides per allocation whether
-a pause keeps its bytes. ``pause(tag)`` offloads its tagmem tags (BACKUP for those of regions that
-asked for a CPU backup, else DISCARD) and returns once the memory is back with the driver;
+A region tag is one tagmem tag per backup wish (the first wish keeps the tag's name, the others
+get "+cpu_backup", "+disk_backup" or "+no_backup" appended), as torch_memory_saver decides per
+allocation whether and where a pause keeps its bytes. ``pause(tag)`` offloads its tagmem tags
+(BACKUP for those of regions that asked for a CPU backup, BACKUP_DISK for a disk backup, to files
+in the directory of set_disk_backup_dir() or TMS_DISK_BACKUP_DIR, else DISCARD) and returns once
+the memory is back with the driver;
 ``resume(tag)`` maps them again at the same addresses. Pausing a paused tag or resuming a resident one raises TagOffloadedError /
 TagResidentError; a resume that does not fit raises OutOfMemoryError (a MemoryError) with the tag
 still paused and its backup intact, so it can be retried. Differences from torch_memory_saver are
-listed in docs/torch.md (disk backup raises NotImplementedError).
+listed in docs/torch.md.
 """
 
 import contextlib
@@ -41,11 +43,9 @@ from . import _tms_env
 from ._tms_env import configure_subprocess, install, uninstall
 
 _TAG_DEFAULT = "default"
-_NO_DISK = (
-    "the drop-in does not route regions to tagmem's disk tier: offload the tag with "
-    "tagmem.offload(tag, mode='disk') (docs/disk.md), use enable_cpu_backup=True (pinned host "
-    "memory), or keep the bytes yourself (get_cpu_backup() while paused, tagmem.host_pieces())"
-)
+# torch_memory_saver's directory for disk backups when neither set_disk_backup_dir() nor
+# TMS_DISK_BACKUP_DIR names one (tagmem's own TAGMEM_DISK_DIR comes before it).
+_DISK_DIR_DEFAULT = "/tmp"
 
 
 def _torch():
@@ -93,14 +93,13 @@ class _Cdll:
         self._impl.set_thread_backend(backend.decode() if isinstance(backend, bytes) else backend)
 
     def tms_get_enable_disk_backup(self):
-        return False
+        return self._impl.thread_disk()
 
     def tms_set_enable_disk_backup(self, value):
-        if value:
-            raise NotImplementedError("enable_disk_backup=True: " + _NO_DISK)
+        self._impl.set_thread_disk(bool(value))
 
     def tms_set_disk_backup_dir(self, path):
-        raise NotImplementedError(_NO_DISK)
+        self._impl.set_disk_dir(path.decode() if isinstance(path, bytes) else str(path))
 
     def tms_get_retain_cpu_backup(self):
         return self._impl.retain_cpu_backup
@@ -164,11 +163,10 @@ class _BinaryWrapper:
         cpu_backup_backend=None,
         enable_disk_backup=False,
     ):
-        """Sets the calling thread's region configuration, as torch_memory_saver's does: each
-        value on its own (a backend may be named while backup is off, as a region's exit restores
-        the thread's earlier configuration); only the names are checked."""
-        if enable_disk_backup:
-            raise NotImplementedError("enable_disk_backup=True: " + _NO_DISK)
+        """Sets the calling thread's region configuration, as torch_memory_saver's does, in its
+        order (the disk wish last): each value on its own (a backend may be named while backup is
+        off, as a region's exit restores the thread's earlier configuration); only the names are
+        checked."""
         if cpu_backup_backend is not None:
             _check_backend(cpu_backup_backend)
         _args.name(tag)  # checked as every tag name, before anything changes
@@ -177,40 +175,49 @@ class _BinaryWrapper:
         self.cdll.tms_set_enable_cpu_backup(enable_cpu_backup)
         if cpu_backup_backend is not None:
             self.cdll.tms_set_cpu_backup_backend(cpu_backup_backend.encode())
+        self.cdll.tms_set_enable_disk_backup(bool(enable_disk_backup))
 
 
-_BACKUP_SUFFIX = "+cpu_backup"
-_NO_BACKUP_SUFFIX = "+no_backup"
+# The name suffix of each backup wish's tagmem tag when the tag's own name went to another wish.
+_SUFFIXES = {"cpu": "+cpu_backup", "disk": "+disk_backup", "none": "+no_backup"}
+
+
+def _wish(cpu, disk):
+    """A region's backup wish: "cpu", "disk" or "none" (a CPU backup wins over a disk one, which
+    the API refuses together anyway)."""
+    return "cpu" if cpu else "disk" if disk else "none"
 
 
 class _BackupRecord:
     """The tagmem tags of the region tags, process-wide, shared by every TorchMemorySaver.
 
-    torch_memory_saver decides per allocation whether a pause keeps its bytes, tagmem per tag: a
-    region tag is one tagmem tag per backup wish. The wish it is first opened with gets the tag's
-    own name, the other one the name with "+cpu_backup" or "+no_backup" appended (the preload
-    shim's tms_* functions name them the same way), so a tag always used one way keeps its name."""
+    torch_memory_saver decides per allocation whether and where a pause keeps its bytes, tagmem
+    per tag: a region tag is one tagmem tag per backup wish (a CPU copy, a disk copy, none). The
+    wish it is first opened with gets the tag's own name, the others the name with "+cpu_backup",
+    "+disk_backup" or "+no_backup" appended (the preload shim's tms_* functions name them the same
+    way), so a tag always used one way keeps its name."""
 
     def __init__(self):
         self._lock = threading.Lock()
-        self._records = {}  # tagmem tag -> [region tag, backup, reclaim], in first-use order
+        self._records = {}  # tagmem tag -> [region tag, wish, reclaim], in first-use order
 
-    def _variant(self, tag, backup):
+    def _variant(self, tag, wish):
         for name, (owner, wants, _) in self._records.items():
-            if owner == tag and wants == backup:
+            if owner == tag and wants == wish:
                 return name
         held = self._records.get(tag)
-        if held is not None and held[1] != backup:
-            return tag + (_BACKUP_SUFFIX if backup else _NO_BACKUP_SUFFIX)
+        if held is not None and held[1] != wish:
+            return tag + _SUFFIXES[wish]
         return tag
 
-    def note(self, tag, backup, backend="pinned"):
-        """Records a region of `tag` with backup wish `backup`; returns its tagmem tag. With a
-        backup, `backend` "mmap" makes resumes that keep no copy give host memory back."""
-        backup = bool(backup)
+    def note(self, tag, backup, backend="pinned", disk=False):
+        """Records a region of `tag` with a CPU backup wish `backup` (or a disk one, `disk`);
+        returns its tagmem tag. With a CPU backup, `backend` "mmap" makes resumes that keep no
+        copy give host memory back."""
+        wish = _wish(backup, disk)
         with self._lock:
-            name = self._variant(tag, backup)
-            self._records[name] = [tag, backup, backup and backend == "mmap"]
+            name = self._variant(tag, wish)
+            self._records[name] = [tag, wish, wish == "cpu" and backend == "mmap"]
             return name
 
     def names(self, tag=None):
@@ -218,15 +225,20 @@ class _BackupRecord:
         with self._lock:
             return [n for n, r in self._records.items() if tag is None or r[0] == tag]
 
-    def wants(self, name):
-        """Whether tagmem tag `name` keeps its bytes when paused."""
+    def mode(self, name):
+        """How tagmem tag `name` is offloaded on pause: BACKUP, BACKUP_DISK or DISCARD."""
         with self._lock:
-            return self._records.get(name, (None, False, False))[1]
+            wish = self._records.get(name, (None, "none", False))[1]
+        return {"cpu": _api.BACKUP, "disk": _api.DISK}.get(wish, _api.DISCARD)
+
+    def wants(self, name):
+        """Whether tagmem tag `name` keeps its bytes in host memory when paused."""
+        return self.mode(name) == _api.BACKUP
 
     def reclaims(self, name):
         """Whether a resume of tagmem tag `name` that keeps no copy gives host memory back."""
         with self._lock:
-            return self._records.get(name, (None, False, False))[2]
+            return self._records.get(name, (None, "none", False))[2]
 
     def tags(self):
         return self.names()
@@ -245,8 +257,6 @@ class _Impl:
     class see one state. Torch mode: they live here."""
 
     def __init__(self, hook_mode=None):
-        if _tms_env.flag("TMS_INIT_ENABLE_DISK_BACKUP") or _tms_env.flag("TMS_DISK_BACKUP_DIR"):
-            raise NotImplementedError("TMS_INIT_ENABLE_DISK_BACKUP / TMS_DISK_BACKUP_DIR: " + _NO_DISK)
         if hook_mode is None:
             hook_mode = "preload" if _tms_env.shim_loaded() else "torch"
         if hook_mode not in ("preload", "torch"):
@@ -267,12 +277,21 @@ class _Impl:
         # release a region's pool read it. Preload mode: a fresh pool (module doc); torch mode: the
         # pool of the region's tagmem tag.
         self._mem_pools = {}
-        self._local = threading.local()  # torch mode: depth, off, backup, backend
+        self._local = threading.local()  # torch mode: depth, off, backup, backend, disk
+        # Torch mode: whether a directory for disk backups was set (the shim keeps its own).
+        self._disk_dir_set = False
+        if hook_mode == "torch" and os.environ.get("TMS_DISK_BACKUP_DIR"):
+            self.set_disk_dir(os.environ["TMS_DISK_BACKUP_DIR"])
         if _tms_env.flag("TMS_INIT_ENABLE"):
             if hook_mode == "preload":
                 # The tag the shim routes every cudaMalloc to: "default", or TAGMEM_PRELOAD_TAG.
                 tag = _tms_env.shim_default_tag() or _TAG_DEFAULT
-                self._note(tag, _tms_env.flag("TMS_INIT_ENABLE_CPU_BACKUP"), self.thread_backend())
+                self._note(
+                    tag,
+                    _tms_env.flag("TMS_INIT_ENABLE_CPU_BACKUP"),
+                    self.thread_backend(),
+                    _tms_env.flag("TMS_INIT_ENABLE_DISK_BACKUP"),
+                )
             else:
                 warnings.warn("TMS_INIT_ENABLE=1 only works in hook_mode='preload'; ignored")
 
@@ -331,6 +350,38 @@ class _Impl:
         if value:
             self._note(self.current_tag(), True, self.thread_backend())
 
+    def thread_disk(self):
+        """Whether this thread's regions back up to disk (at start TMS_INIT_ENABLE_DISK_BACKUP)."""
+        if self.hook_mode == "preload":
+            return bool(self._cdll.tms_get_enable_disk_backup())
+        disk = getattr(self._local, "disk", None)
+        if disk is None:
+            disk = self._local.disk = _tms_env.flag("TMS_INIT_ENABLE_DISK_BACKUP")
+        return disk
+
+    def set_thread_disk(self, value):
+        if self.hook_mode == "preload":
+            self._cdll.tms_set_enable_disk_backup(bool(value))
+            return
+        self._local.disk = bool(value)
+        if value and not self.thread_backup():
+            self._note(self.current_tag(), False, disk=True)
+
+    def set_disk_dir(self, path):
+        """The directory disk backups are written to, process-wide (created when missing)."""
+        if self.hook_mode == "preload":
+            self._cdll.tms_set_disk_backup_dir(path.encode())
+            return
+        os.makedirs(path, exist_ok=True)
+        _api.set_disk_dir(path)
+        self._disk_dir_set = True
+
+    def _ensure_disk_dir(self):
+        # torch_memory_saver writes to /tmp when no directory was named; tagmem's own setting
+        # comes first.
+        if not self._disk_dir_set and not os.environ.get("TAGMEM_DISK_DIR"):
+            self.set_disk_dir(_DISK_DIR_DEFAULT)
+
     def thread_backend(self):
         """The CPU backup backend of this thread's regions: "pinned" or "mmap" (at start
         TMS_INIT_CPU_BACKUP_BACKEND, else "pinned")."""
@@ -348,9 +399,9 @@ class _Impl:
         else:
             self._local.backend = backend
 
-    def _note(self, tag, backup, backend="pinned"):
+    def _note(self, tag, backup, backend="pinned", disk=False):
         """Records a region of `tag`; returns the tagmem tag its allocations go to."""
-        name = _backups.note(tag, backup, backend)
+        name = _backups.note(tag, backup, backend, disk)
         # A region with a CPU backup is pinned ahead as it grows (tagmem_tag_plan_offload), except
         # with the "mmap" backend, whose promise is host memory only while the tag is paused.
         backup_ahead = _backups.wants(name) and not _backups.reclaims(name)
@@ -379,12 +430,14 @@ class _Impl:
             interesting_region=self.interesting(),
             enable_cpu_backup=self.thread_backup(),
             cpu_backup_backend=self.thread_backend(),
+            enable_disk_backup=self.thread_disk(),
         )
         wrapper.set_config(
             tag=tag,
             interesting_region=True,
             enable_cpu_backup=enable_cpu_backup,
             cpu_backup_backend=cpu_backup_backend,
+            enable_disk_backup=enable_disk_backup,
         )
         try:
             yield
@@ -392,21 +445,26 @@ class _Impl:
             wrapper.set_config(**saved)
 
     @contextlib.contextmanager
-    def region(self, tag, enable_cpu_backup, cpu_backup_backend=None):
+    def region(self, tag, enable_cpu_backup, cpu_backup_backend=None, enable_disk_backup=False):
         backend = (cpu_backup_backend or self.thread_backend()) if enable_cpu_backup else ""
-        key = (tag, bool(enable_cpu_backup), False, backend, _torch().cuda.current_device())
+        disk = bool(enable_disk_backup)
+        key = (tag, bool(enable_cpu_backup), disk, backend, _torch().cuda.current_device())
         if self.hook_mode == "preload":
-            # The shim names and plans the region's tagmem tag (tms_set_enable_cpu_backup).
+            # The shim names and plans the region's tagmem tag (tms_set_enable_cpu_backup, then
+            # tms_set_enable_disk_backup).
             pool = self._pool(key, _torch().cuda.MemPool)
             with _torch().cuda.use_mem_pool(pool), self._with_region_config(
-                tag=tag, enable_cpu_backup=enable_cpu_backup, **_backend_kwargs(cpu_backup_backend)
+                tag=tag,
+                enable_cpu_backup=enable_cpu_backup,
+                **_backend_kwargs(cpu_backup_backend),
+                **({"enable_disk_backup": True} if disk else {}),
             ):
                 yield
             return
         if getattr(self._local, "off", False):  # region tracking switched off on this thread
             yield
             return
-        name = self._note(tag, enable_cpu_backup, backend)
+        name = self._note(tag, enable_cpu_backup, backend, disk)
         self._pool(key, lambda: _tt().pool(name))
         with _tt().tag(name):
             self._local.depth = getattr(self._local, "depth", 0) + 1
@@ -430,7 +488,7 @@ class _Impl:
         # that is not mapped, and any new segment would fail inside PyTorch's capture. Refused
         # before the capture starts, with what to do.
         device = _torch().cuda.current_device()
-        names = {tag, tag + _BACKUP_SUFFIX, tag + _NO_BACKUP_SUFFIX, *_backups.names(tag)}
+        names = {tag, *(tag + suffix for suffix in _SUFFIXES.values()), *_backups.names(tag)}
         if any(_api.exists(n, device) and _api.state(n, device) != "resident" for n in names):
             raise _errors.error_for(
                 3, f"torch_memory_saver.cuda_graph: tag '{tag}' is paused; resume('{tag}') first"
@@ -509,9 +567,11 @@ class _Impl:
             work.append((d, names))
         for d, names in work:
             _torch().cuda.synchronize(d)
-            for mode in (_api.BACKUP, _api.DISCARD):
-                group = [n for n in names if (mode == _api.BACKUP) == _backups.wants(n)]
+            for mode in (_api.BACKUP, _api.DISK, _api.DISCARD):
+                group = [n for n in names if _backups.mode(n) == mode]
                 if group:
+                    if mode == _api.DISK:
+                        self._ensure_disk_dir()
                     _api.offload(group, mode, d)
             if not _api.offload_returns_early():  # else the copies run on after pause returns
                 _api.wait_released(d)
@@ -553,6 +613,8 @@ class _Impl:
                 f"get_cpu_backup: tag '{owner['tag']}' is paused without a CPU backup "
                 "(open its region with enable_cpu_backup=True)",
             )
+        if state == "offloaded_disk":
+            return None  # as torch_memory_saver: a disk backup has no copy in host memory
         if state == "resident":
             return _kept_backup(x, zero_copy)
         if zero_copy and len(_api.host_pieces(x.data_ptr(), x.numel() * x.element_size())) == 1:
@@ -610,7 +672,7 @@ class TorchMemorySaver:
         """Context manager: CUDA memory allocated inside is pausable under `tag` (module doc)."""
         _check_backup_args(enable_cpu_backup, enable_disk_backup, cpu_backup_backend)
         self._ensure_initialized()
-        with self._impl.region(tag, enable_cpu_backup, cpu_backup_backend):
+        with self._impl.region(tag, enable_cpu_backup, cpu_backup_backend, enable_disk_backup):
             yield
 
     @contextlib.contextmanager
@@ -711,8 +773,12 @@ class TorchMemorySaver:
         return self._impl.get_cpu_backup(x, zero_copy)
 
     def set_disk_backup_dir(self, path):
-        """Not available: raises NotImplementedError naming the alternative."""
-        raise NotImplementedError(_NO_DISK)
+        """The directory (created when missing) that pauses write the disk backups of
+        ``region(enable_disk_backup=True)`` to, process-wide; before it, TMS_DISK_BACKUP_DIR,
+        else TAGMEM_DISK_DIR, else /tmp. Use a real disk: on tmpfs the files are host memory."""
+        self._ensure_initialized()
+        os.makedirs(path, exist_ok=True)
+        self._impl._binary_wrapper.cdll.tms_set_disk_backup_dir(str(path).encode())
 
 
 class _TooLate(RuntimeError, AttributeError):
@@ -721,8 +787,8 @@ class _TooLate(RuntimeError, AttributeError):
 
 
 def _check_backup_args(enable_cpu_backup, enable_disk_backup, cpu_backup_backend):
-    if enable_disk_backup:
-        raise NotImplementedError("enable_disk_backup=True: " + _NO_DISK)
+    if enable_disk_backup and enable_cpu_backup:
+        raise ValueError("enable_cpu_backup and enable_disk_backup are mutually exclusive")
     if cpu_backup_backend is not None:
         if not enable_cpu_backup:
             raise ValueError("cpu_backup_backend requires enable_cpu_backup=True")
