@@ -1,4 +1,5 @@
-// host_memory.cpp — cuMemHostAlloc, cuMemFreeHost, cuMemHostRegister, cuMemHostUnregister.
+// host_memory.cpp — cuMemHostAlloc, cuMemFreeHost, cuMemHostRegister, cuMemHostUnregister,
+// cuMemHostGetFlags.
 //
 // Ranges are kept in one ordered map by base address, each marked as allocated here or
 // registered. The answers follow the real driver as measured on an H200: overlapping an
@@ -6,7 +7,10 @@
 // cuMemHostAlloc or memory that is not mapped is CUDA_ERROR_INVALID_VALUE, unregistering an
 // address inside a registration is CUDA_ERROR_INVALID_VALUE and one outside every registration
 // CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED. Freeing or unregistering first waits for every stream,
-// as the real calls do, so no queued copy can touch memory given back.
+// as the real calls do, so no queued copy can touch memory given back. cuMemHostGetFlags answers
+// for any address inside a range of either kind, with the flags it was made with, and
+// CUDA_ERROR_INVALID_VALUE elsewhere (the real driver answers for registered memory too:
+// torch_memory_saver's callers ask it whether a host copy is still pinned).
 #include "host_memory.hpp"
 
 #include <sys/mman.h>
@@ -26,6 +30,7 @@ struct host_range {
   size_t size = 0;         // bytes the caller asked for
   size_t mapped = 0;       // bytes mapped here (allocations only)
   bool allocated = false;  // cuMemHostAlloc, else cuMemHostRegister
+  unsigned flags = 0;      // as given to either
 };
 
 std::map<uintptr_t, host_range>& ranges() {
@@ -90,7 +95,7 @@ TAGMEM_EMU_EXPORT CUresult cuMemHostAlloc(void** pp, size_t bytesize, unsigned i
       ::mmap(nullptr, mapped_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (at == MAP_FAILED) return CUDA_ERROR_OUT_OF_MEMORY;
   lock held = take_lock();
-  ranges()[reinterpret_cast<uintptr_t>(at)] = host_range{bytesize, mapped_bytes, true};
+  ranges()[reinterpret_cast<uintptr_t>(at)] = host_range{bytesize, mapped_bytes, true, flags};
   ++live(held).host_allocations;
   live(held).pinned_bytes += bytesize;
   *pp = at;
@@ -131,7 +136,7 @@ TAGMEM_EMU_EXPORT CUresult cuMemHostRegister(void* p, size_t bytesize, unsigned 
     return it->second.allocated ? CUDA_ERROR_INVALID_VALUE
                                 : CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED;
   if (!mapped(base, bytesize)) return CUDA_ERROR_INVALID_VALUE;
-  ranges()[base] = host_range{bytesize, 0, false};
+  ranges()[base] = host_range{bytesize, 0, false, flags};
   ++live(held).host_registrations;
   live(held).pinned_bytes += bytesize;
   return CUDA_SUCCESS;
@@ -157,5 +162,16 @@ TAGMEM_EMU_EXPORT CUresult cuMemHostUnregister(void* p) {
   --live(held).host_registrations;
   live(held).pinned_bytes -= it->second.size;
   ranges().erase(it);
+  return CUDA_SUCCESS;
+}
+
+TAGMEM_EMU_EXPORT CUresult cuMemHostGetFlags(unsigned int* pFlags, void* p) {
+  TAGMEM_EMU_ENTRY(cuMemHostGetFlags);
+  if (pFlags == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (CUresult r = check_current(); r != CUDA_SUCCESS) return r;
+  lock held = take_lock();
+  auto it = containing(reinterpret_cast<uintptr_t>(p));
+  if (it == ranges().end()) return CUDA_ERROR_INVALID_VALUE;
+  *pFlags = it->second.flags;
   return CUDA_SUCCESS;
 }
