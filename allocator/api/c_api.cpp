@@ -12,6 +12,7 @@
 #include <mutex>
 #include <new>
 #include <string>
+#include <utility>
 
 #include "api/c_error.hpp"
 #include "api/runtime.hpp"
@@ -26,6 +27,7 @@
 #include "registry/oom_message.hpp"
 #include "registry/registry.hpp"
 #include "tagmem/tagmem.h"
+#include "tags/backup_retention.hpp"
 #include "tags/host_view.hpp"
 
 namespace tagmem {
@@ -219,10 +221,15 @@ tagmem_status tagmem_free(void* ptr, tagmem_stream stream) {
       std::lock_guard lock(t->mutex());
       const block* b = t->pool().find_containing(address);
       size = b ? b->size : 0;
+      const auto unused = b ? free_span_around(*b) : std::pair<CUdeviceptr, std::size_t>{};
       TAGMEM_EXPECTS(t->pool().free(address, stream), TAGMEM_ERROR_UNKNOWN_POINTER,
                      "tagmem_free: " + std::to_string(address) + " in tag '" + t->name() +
                          "' is not a live allocation (already freed, or not its start)");
       t->counters().free_count++;
+      // Note [a freed allocation's host copy]: a backup exists only once the store does.
+      if (host_store* hs = r.existing_store()) {
+        release_freed_backup(*t, unused.first, unused.second, *hs);
+      }
     }
     r.ipc_forget(address, size);  // Note [ipc] in handoff/ipc_server.hpp
   });

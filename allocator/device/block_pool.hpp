@@ -23,6 +23,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <utility>
 
 #include "device/vm_arena.hpp"
 #include "host/metadata_heap.hpp"
@@ -50,6 +51,16 @@ struct segment : meta_object {
   std::size_t live = 0;  // allocated blocks in it
   block* first = nullptr;
 };
+
+// The device range [first, first + second) that holds no live block once `b` is freed: `b` with
+// the free blocks next to it in its segment (whatever stream they are cached for).
+inline std::pair<CUdeviceptr, std::size_t> free_span_around(const block& b) noexcept {
+  const block* first = &b;
+  while (first->prev && !first->prev->allocated) first = first->prev;
+  const block* last = &b;
+  while (last->next && !last->next->allocated) last = last->next;
+  return {first->ptr, std::size_t(last->ptr + last->size - first->ptr)};
+}
 
 struct pool_totals {
   std::size_t allocated_bytes = 0;

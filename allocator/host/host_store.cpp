@@ -271,7 +271,8 @@ void host_store::reserve(std::size_t bytes, growth how) {
 // map nodes are extracted, not erased: a slab whose unpin fails (it stays pinned and mapped, Note
 // [unpin keeps what it cannot release]) goes back as the free slab it was, counted as pinned,
 // without allocating, and trim then reports the failed call. Slabs unpinned fine stay unpinned.
-void host_store::trim(std::size_t keep_bytes) {
+template <class Prepare, class Pick>
+void host_store::unpin_free_slabs(Prepare prepare, Pick doomed_slab) {
   struct taken_slab {
     decltype(slabs_)::node_type slab;
     decltype(free_)::node_type free;
@@ -281,14 +282,13 @@ void host_store::trim(std::size_t keep_bytes) {
   meta_vector<unpin_result> results;
   {
     std::unique_lock lock(mutex_);
-    target_bytes_ = std::min(target_bytes_, keep_bytes);
-    changed_.wait(lock, [&] { return !background_running_; });
+    prepare(lock);
     taken.reserve(slabs_.size());  // these may throw, before anything changed
     doomed.reserve(slabs_.size());
     results.resize(slabs_.size());
-    for (auto it = slabs_.begin(); it != slabs_.end() && stats_.pinned_bytes > keep_bytes;) {
-      if (it->second.used || stats_.pinned_bytes - it->second.size < keep_bytes) {
-        ++it;  // holds a backup, or freeing it would go below keep_bytes
+    for (auto it = slabs_.begin(); it != slabs_.end();) {
+      if (it->second.used || !doomed_slab(it->first, it->second.size)) {
+        ++it;  // holds a backup, or not picked
         continue;
       }
       doomed.push_back({it->first, it->second.size});
@@ -323,6 +323,32 @@ void host_store::trim(std::size_t keep_bytes) {
            " failed while trimming the pinned host store: " + driver::describe(first->result) +
            "; " + std::to_string(failed) + " of " + std::to_string(doomed.size()) + " slabs (" +
            std::to_string(kept) + " bytes) stay pinned and usable");
+}
+
+void host_store::trim(std::size_t keep_bytes) {
+  unpin_free_slabs(
+      [&](std::unique_lock<std::mutex>& lock) {
+        target_bytes_ = std::min(target_bytes_, keep_bytes);
+        changed_.wait(lock, [&] { return !background_running_; });
+      },
+      // Slab by slab, under the lock, with pinned_bytes already lowered by those picked.
+      [&](char*, std::size_t size) {
+        return stats_.pinned_bytes > keep_bytes && stats_.pinned_bytes - size >= keep_bytes;
+      });
+}
+
+void host_store::release_and_unpin(const meta_vector<host_extent>& extents) noexcept {
+  release(extents);
+  try {
+    unpin_free_slabs([](std::unique_lock<std::mutex>&) {},
+                     [&](char* base, std::size_t size) {
+                       for (const host_extent& e : extents) {
+                         if (e.ptr >= base && e.ptr < base + size) return true;
+                       }
+                       return false;
+                     });
+  } catch (...) {  // no memory for the lists, or an unpin failed: those slabs stay pinned, free
+  }
 }
 
 host_store_stats host_store::stats() {

@@ -4,11 +4,11 @@
 // "Pinning"), so the store pins slabs once and keeps them: an offload takes extents from free slab
 // space, a reload gives them back, and later cycles reuse the same pinned pages; steady state pins
 // and unpins nothing, so the high-water mark stays flat from the second cycle on. Slabs are only
-// unpinned by trim() and destruction. Growing pins several slabs at once on several threads (Note
-// [pinning method] in host_pinning.hpp); reserve() does it ahead of need on a background thread,
-// and acquire() waits for that thread only while free space falls short of its request. The store
-// never grows past its host budget (Note [host budget] in host_budget.hpp): a growth that does not
-// fit fails before a page is touched.
+// unpinned by trim(), release_and_unpin() (a freed allocation's copy) and destruction. Growing pins
+// several slabs at once on several threads (Note [pinning method] in host_pinning.hpp); reserve()
+// does it ahead of need on a background thread, and acquire() waits for that thread only while free
+// space falls short of its request. The store never grows past its host budget (Note [host budget]
+// in host_budget.hpp): a growth that does not fit fails before a page is touched.
 #pragma once
 
 #include <cuda.h>
@@ -56,6 +56,12 @@ class host_store {
   // holds them; on a throw it still does, their bytes untouched.
   meta_vector<host_extent> acquire(std::size_t bytes, const meta_vector<host_extent>& replacing);
   void release(const meta_vector<host_extent>& extents) noexcept;
+  // Gives `extents` back as release() does, then unpins each slab they lay in that holds no
+  // extent any more, so that their host addresses are no longer pinned (Note [a freed
+  // allocation's host copy] in tags/backup_retention.hpp). Not for the offload/reload cycle, which
+  // keeps its slabs (Note [pin once]). A slab whose unpin fails stays pinned and free for use;
+  // the failure is dropped, as nothing was lost.
+  void release_and_unpin(const meta_vector<host_extent>& extents) noexcept;
 
   // How reserve() grows the store.
   enum class growth { now, in_background };
@@ -97,6 +103,11 @@ class host_store {
     std::size_t pinned_before = 0;
   };
   memory_reading read_memory();
+  // Calls prepare(lock) under the lock, then unpins the slabs that pick(base, size) chooses
+  // among those holding no extent; throws DRIVER naming the failed call (Note [trim keeps what
+  // it cannot unpin], host_store.cpp).
+  template <class Prepare, class Pick>
+  void unpin_free_slabs(Prepare prepare, Pick pick);
   void background_loop();
   void stop_background(std::unique_lock<std::mutex>& lock);
 

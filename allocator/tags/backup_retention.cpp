@@ -2,6 +2,8 @@
 // backup_retention.hpp).
 #include "tags/backup_retention.hpp"
 
+#include <algorithm>
+
 namespace tagmem {
 
 void finish_reload_backup(tag& t, host_store& store) noexcept {
@@ -32,6 +34,65 @@ bool kept_backup_current(const tag& t) noexcept {
   if (t.offloaded() || !t.kept()) return false;
   const tag_counters& c = t.counters();
   return c.alloc_count == t.kept_allocs() && c.free_count == t.kept_frees();
+}
+
+namespace {
+
+// `extents` less the host ranges `gone` (each inside one extent).
+meta_vector<host_extent> without(const meta_vector<host_extent>& extents,
+                                 meta_vector<host_extent> gone) {
+  std::sort(gone.begin(), gone.end(),
+            [](const host_extent& a, const host_extent& b) { return a.ptr < b.ptr; });
+  meta_vector<host_extent> out;
+  out.reserve(extents.size() + gone.size());
+  for (const host_extent& e : extents) {
+    char* at = e.ptr;
+    char* const end = e.ptr + e.size;
+    for (const host_extent& g : gone) {
+      if (g.ptr < at || g.ptr >= end) continue;
+      if (g.ptr > at) out.push_back({at, std::size_t(g.ptr - at)});
+      at = g.ptr + g.size;
+    }
+    if (at < end) out.push_back({at, std::size_t(end - at)});
+  }
+  return out;
+}
+
+}  // namespace
+
+void release_freed_backup(tag& t, CUdeviceptr ptr, std::size_t size, host_store& store) noexcept {
+  if (t.pieces().empty() || size == 0) return;
+  if (!t.offloaded()) {
+    if (!t.kept()) return;
+    store.release_and_unpin(t.extents());
+    forget_kept_backup(t);
+    return;
+  }
+  if (t.partial() || t.mode() != TAGMEM_BACKUP) return;
+  try {
+    const CUdeviceptr end = ptr + size;
+    meta_vector<backup_piece> pieces;
+    meta_vector<host_extent> gone;
+    pieces.reserve(t.pieces().size() + 1);
+    for (const backup_piece& p : t.pieces()) {
+      const CUdeviceptr p_end = p.dev + p.bytes;
+      if (p_end <= ptr || p.dev >= end) {
+        pieces.push_back(p);
+        continue;
+      }
+      const CUdeviceptr from = std::max(p.dev, ptr);
+      const CUdeviceptr to = std::min(p_end, end);
+      if (p.dev < from) pieces.push_back({p.dev, p.host, std::size_t(from - p.dev)});
+      gone.push_back({p.host + (from - p.dev), std::size_t(to - from)});
+      if (to < p_end) pieces.push_back({to, p.host + (to - p.dev), std::size_t(p_end - to)});
+    }
+    if (gone.empty()) return;
+    meta_vector<host_extent> extents = without(t.extents(), gone);
+    t.pieces() = std::move(pieces);  // nothing below throws
+    t.extents() = std::move(extents);
+    store.release_and_unpin(gone);
+  } catch (...) {  // no memory for the lists: the backup stays whole until the reload
+  }
 }
 
 }  // namespace tagmem

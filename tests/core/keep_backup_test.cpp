@@ -97,13 +97,17 @@ TEST_F(KeepBackup, AnAllocationOrFreeInTheTagRetiresTheKeptCopy) {
   auto all = fill(rng, "w", 2, 1 << 20);
   keeping_cycle("w");
   ASSERT_TRUE(host_copy(all[0].ptr, all[0].bytes.size()) == all[0].bytes);
-  TAGMEM_OK(tagmem_free(all[1].ptr, nullptr));
+  TAGMEM_OK(tagmem_free(all[1].ptr, nullptr));  // also gives the copy back at once
   EXPECT_EQ(view_status(all[0].ptr), TAGMEM_ERROR_TAG_RESIDENT);
-  EXPECT_NE(std::strstr(tagmem_last_error(), "allocated or freed"), nullptr) << tagmem_last_error();
+  EXPECT_EQ(host_bytes_of("w"), 0u);
   all.pop_back();
   keeping_cycle("w");  // a fresh copy of what is there now
   EXPECT_TRUE(host_copy(all[0].ptr, all[0].bytes.size()) == all[0].bytes);
+  auto more = fill(rng, "w", 1, 4096);
+  EXPECT_EQ(view_status(all[0].ptr), TAGMEM_ERROR_TAG_RESIDENT);
+  EXPECT_NE(std::strstr(tagmem_last_error(), "allocated or freed"), nullptr) << tagmem_last_error();
   EXPECT_EQ(corrupted(all), 0u);
+  free_all(more);
 }
 
 TEST_F(KeepBackup, DiscardOffloadsKeepNothingAndUnknownTagsAreRefused) {
@@ -150,6 +154,63 @@ TEST_F(KeepBackupBudget, AnOffloadBeyondTheBudgetKeepsTheKeptBackup) {
   TAGMEM_OK(tagmem_reload(one, 1, 0));
   EXPECT_EQ(corrupted(w), 0u);
   EXPECT_TRUE(host_copy(w[0].ptr, w[0].bytes.size()) == w[0].bytes);
+}
+
+// Whether `host` lies in pinned host memory, as the driver answers (cuMemHostGetFlags).
+bool pinned(const void* host) {
+  use_primary_context();
+  unsigned flags = 0;
+  return driver_api_for_tests().cuMemHostGetFlags(&flags, const_cast<void*>(host)) == CUDA_SUCCESS;
+}
+
+const void* host_of(const void* ptr) {
+  void* host = nullptr;
+  std::size_t n = 0;
+  return tagmem_host_view(ptr, 0, &host, &n) == TAGMEM_SUCCESS ? host : nullptr;
+}
+
+// Note [a freed allocation's host copy]: a free gives the allocation's host copy back at once,
+// from an offloaded tag (the rest of its backup reloads intact) and from a resident tag's kept
+// copy; a slab left empty is unpinned, so the address handed out is no longer pinned memory.
+TEST_F(KeepBackup, AFreedAllocationsHostCopyGoesBackAndIsUnpinnedWithItsSlab) {
+  auto rng = rng_for_test();
+  const char* tags[] = {"f"};
+  auto two = fill(rng, "f", 2, (2 << 20) + 4096);  // one segment: the free cuts a piece in two
+  TAGMEM_OK(tagmem_offload(tags, 1, 0, TAGMEM_BACKUP));
+  const void* first = host_of(two[0].ptr);
+  ASSERT_NE(first, nullptr) << tagmem_last_error();
+  const std::size_t before = host_bytes_of("f");
+  TAGMEM_OK(tagmem_free(two[0].ptr, nullptr));
+  EXPECT_LT(host_bytes_of("f"), before) << "the freed allocation's copy was kept";
+  EXPECT_TRUE(pinned(first)) << "its slab still holds the other allocation's copy";
+  TAGMEM_OK(tagmem_reload(tags, 1, 0));
+  std::vector<filled> rest{two[1]};
+  EXPECT_EQ(corrupted(rest), 0u);
+
+  keeping_cycle("f");  // a kept copy, freed while the tag is resident
+  const void* kept = host_of(rest[0].ptr);
+  ASSERT_NE(kept, nullptr) << tagmem_last_error();
+  ASSERT_TRUE(pinned(kept));
+  TAGMEM_OK(tagmem_free(rest[0].ptr, nullptr));
+  EXPECT_EQ(host_bytes_of("f"), 0u);
+  EXPECT_FALSE(pinned(kept)) << "the kept copy's slab held nothing else";
+
+  // Freed while paused, in a tag of its own ("f" still maps its free segment, whose bytes a
+  // backup of "f" would hold).
+  const char* own[] = {"p"};
+  auto one = fill(rng, "p", 1, 4096);
+  TAGMEM_OK(tagmem_offload(own, 1, 0, TAGMEM_BACKUP));
+  const void* paused = host_of(one[0].ptr);
+  ASSERT_NE(paused, nullptr) << tagmem_last_error();
+  ASSERT_TRUE(pinned(paused));
+  TAGMEM_OK(tagmem_free(one[0].ptr, nullptr));
+  EXPECT_FALSE(pinned(paused));
+  TAGMEM_OK(tagmem_reload(own, 1, 0));
+  auto again = fill(rng, "p", 2, 4096);  // the store pins afresh for the next backup
+  TAGMEM_OK(tagmem_offload(own, 1, 0, TAGMEM_BACKUP));
+  TAGMEM_OK(tagmem_reload(own, 1, 0));
+  EXPECT_EQ(corrupted(again), 0u);
+  free_all(again);
 }
 
 class EmulatorKeepBackup : public tagmem_test {

@@ -58,7 +58,13 @@ def torch_free(monkeypatch):
     )
     monkeypatch.setattr(dropin, "_torch", lambda: types.SimpleNamespace(cuda=cuda))
     monkeypatch.setattr(
-        dropin, "_tt", lambda: types.SimpleNamespace(tag=tagmem.tag, pool=lambda name: name)
+        dropin,
+        "_tt",
+        lambda: types.SimpleNamespace(
+            tag=lambda name, pool=None: tagmem.tag(name),
+            pool=lambda name: name,
+            new_pool=lambda name: name,
+        ),
     )
 
 
@@ -278,3 +284,4 @@ def test_disk_and_cpu_backup_together_are_refused(torch_free):
     with pytest.raises(ValueError):
         with saver.region(enable_cpu_backup=True, enable_disk_backup=True):
             pass
+

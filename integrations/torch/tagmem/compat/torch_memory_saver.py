@@ -465,8 +465,11 @@ class _Impl:
             yield
             return
         name = self._note(tag, enable_cpu_backup, backend, disk)
-        self._pool(key, lambda: _tt().pool(name))
-        with _tt().tag(name):
+        # The region's own pool, held only under its key, as torch_memory_saver holds it: a caller
+        # that drops it and empties PyTorch's cache frees its segments in tagmem, and with them
+        # their host copies (Note [a freed allocation's host copy], allocator/tags).
+        pool = self._pool(key, lambda: _tt().new_pool(name))
+        with _tt().tag(name, pool=pool):
             self._local.depth = getattr(self._local, "depth", 0) + 1
             try:
                 yield

@@ -19,7 +19,7 @@ import torch
 
 from .. import _api, _entry_points, _errors
 from ._global import full_support, install, installed, joined_frees
-from ._pools import device_index, empty_cache, pool, tag
+from ._pools import device_index, empty_cache, new_pool, pool, tag
 from ._summary import memory_stats, memory_summary
 from . import _ipc
 
@@ -133,6 +133,7 @@ __all__ = [
     "installed",
     "joined_frees",
     "last_allocation_failure",
+    "new_pool",
     "offload",
     "pool",
     "reload",

@@ -64,6 +64,23 @@ def pool(name, device=None):
         return p
 
 
+_tag_pool = pool  # tag() below takes a `pool` argument
+
+
+def new_pool(name, device=None):
+    """A fresh ``torch.cuda.MemPool`` over tag `name`'s allocator on `device`, held only by the
+    caller: once the caller drops it and PyTorch empties its cache (``torch.cuda.empty_cache()``),
+    its segments are freed in tagmem, as with a pool of PyTorch's own allocator. Pass it to
+    ``tag(name, pool=...)``."""
+    if _global.installed():
+        raise _errors.error_for(
+            1, "tagmem.torch.new_pool(): MemPool mode is unavailable after tagmem.torch.install()"
+        )
+    d = device_index(device)
+    with torch.cuda.device(d):
+        return torch.cuda.MemPool(_allocator(name).allocator())
+
+
 def _require_resident(name, d):
     if name in _api.tags(d) and _api.state(name, d) != "resident":
         raise _errors.error_for(
@@ -96,13 +113,14 @@ def _verify(name, d):
 
 
 @contextlib.contextmanager
-def tag(name, device=None, all_threads=False):
+def tag(name, device=None, all_threads=False, pool=None):
     """Context manager: CUDA tensors created inside the block live in tag `name`.
 
     MemPool mode (the default): allocations of this thread on `device` (default: the current
     device) go to the tag's MemPool; with ``all_threads=True`` allocations of *every* thread on
     that device do, which is how autograd's backward threads (gradients) reach a tag. Raises
-    TagOffloadedError if the tag is offloaded. Yields the MemPool.
+    TagOffloadedError if the tag is offloaded. Yields the MemPool: the tag's own (``pool(name)``),
+    or `pool` when given (one from ``new_pool(name)``).
 
     Global mode (after install()): the block is a tagmem thread scope (tagmem.tag); all_threads is
     not available there. Yields None.
@@ -120,7 +138,7 @@ def tag(name, device=None, all_threads=False):
         return
     d = device_index(device)
     _require_resident(name, d)
-    p = pool(name, d)
+    p = pool if pool is not None else _tag_pool(name, d)
     failures = _entry_points.failures()
     routing = _all_threads(p, d) if all_threads else torch.cuda.use_mem_pool(p, d)
     with routing:
