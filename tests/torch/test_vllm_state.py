@@ -90,6 +90,41 @@ def test_the_sleep_backend_gives_pinned_host_memory_back_when_vllm_asks(
     assert pinned == 0 if release == "1" else pinned >= len(data)
 
 
+def test_the_sleep_backend_runs_levels_0_1_2_and_a_weight_reload_between_wake_ups(
+    allocator, io, rng, monkeypatch
+):
+    # vLLM's sleep-mode backend as verl and OpenRLHF drive it: suspend(level), then
+    # resume(["weights"]), the weights reloaded in place, then resume(["kv_cache"]).
+    monkeypatch.setattr(vllm.CuMemAllocator, "instance", allocator)
+    w, data = filled(allocator, io, rng, vllm.WEIGHTS)
+    kv, _ = filled(allocator, io, rng, vllm.KV_CACHE)
+    backend = vllm.SleepBackend()
+    flags = [backend.preserves_communicators(), backend.preserves_compiled_artifacts(),
+             backend.preserves_graphs_with_communicators(), backend.supports_durable_storage()]
+    assert flags == [True, True, True, False]
+    backend.suspend(level=0)  # scheduling paused only: nothing leaves the device
+    assert backend.state() == "SUSPENDED"
+    assert [tagmem.state(t) for t in (vllm.WEIGHTS, vllm.KV_CACHE)] == ["resident"] * 2
+    backend.resume()
+    assert backend.state() == "RUNNING"
+    for level, weights_state in ((1, "offloaded_backup"), (2, "offloaded_discard")):
+        backend.suspend(level=level)
+        assert [tagmem.state(t) for t in (vllm.WEIGHTS, vllm.KV_CACHE)] == [
+            weights_state, "offloaded_discard"]
+        backend.resume(tags=[vllm.WEIGHTS])
+        assert tagmem.state(vllm.KV_CACHE) == "offloaded_discard"
+        if level == 1:
+            assert io.read(w, len(data)) == data
+        data = rng.randbytes(len(data))  # the trainer's new weights, loaded in place
+        io.write(w, data)
+        backend.resume(tags=[vllm.KV_CACHE])
+        assert backend.state() == "RUNNING" and tagmem.state(vllm.KV_CACHE) == "resident"
+        assert io.read(w, len(data)) == data
+        io.write(kv, data[:4096])  # the KV cache is writable again
+    with pytest.raises(tagmem.InvalidArgumentError):
+        backend.suspend(level=3)
+
+
 def run_with_standin_vllm(code):
     standins = os.path.join(os.path.dirname(os.path.abspath(__file__)), "standins")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([standins] + [p for p in sys.path if p]))

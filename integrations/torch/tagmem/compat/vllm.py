@@ -245,10 +245,12 @@ class SleepBackend:
         self._state = "RUNNING"
 
     def suspend(self, level=1):
-        """Level 1: weights backed up, the rest discarded. Level 2: everything discarded."""
-        if level not in (1, 2):
-            raise _errors.error_for(1, f"sleep level {level!r}: expected 1 or 2")
-        CuMemAllocator.get_instance().sleep(offload_tags=(WEIGHTS,) if level == 1 else ())
+        """Level 1: weights backed up, the rest discarded. Level 2: everything discarded.
+        Level 0: nothing released (vLLM's level 0 only pauses scheduling)."""
+        if level not in (0, 1, 2):
+            raise _errors.error_for(1, f"sleep level {level!r}: expected 0, 1 or 2")
+        if level:
+            CuMemAllocator.get_instance().sleep(offload_tags=(WEIGHTS,) if level == 1 else ())
         self._state = "SUSPENDED"
 
     def resume(self, tags=None):
