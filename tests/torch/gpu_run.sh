@@ -15,7 +15,8 @@
 #   libtorch     builds integrations/torch/libtorch against this PyTorch; runs its test (main,
 #                late install, a recorded stream tracked and, with the hook off, not)
 #   pytest-gpu   pytest test_gpu_*.py (PyTorch: MemPool and global modes, graphs, training, compat,
-#                record_stream in global mode through the libtorch step's library)
+#                record_stream in global mode through the libtorch step's library, the engines'
+#                call shapes)
 #   bench        integrations/torch/bench/phase_switch.py (8B-shaped weights, tagmem vs .to("cpu"))
 #   bench-rl-two integrations/torch/bench/rl_two.py (the two-process switch, tagmem's handoff
 #                variants beside torch_memory_saver)
@@ -169,7 +170,7 @@ else
 
   wanted pytest-gpu && step pytest-gpu "${PYTEST[@]}" tests/torch/test_gpu_mempool.py tests/torch/test_gpu_training.py \
     tests/torch/test_gpu_global.py tests/torch/test_gpu_compat.py tests/torch/test_gpu_dropin.py \
-    tests/torch/test_gpu_record_stream.py
+    tests/torch/test_gpu_record_stream.py tests/torch/test_gpu_engine_shapes.py
 
   if [[ $SIZE == small ]]; then
     BENCH_ARGS=(--layers 2 --scale 8 --cycles 3)

@@ -46,3 +46,19 @@ def capture_matmul_relu(x, w, capture):
     with capture:
         y = (x @ w).relu()
     return y
+
+
+def run_spawned_scheduler(run, args, configure_subprocess):
+    """Starts ``run(results, *args)`` in a process made with the spawn method inside
+    `configure_subprocess()` (as SGLang starts its schedulers), waits for the dict it puts on
+    `results` and for its exit; returns (that dict, the exit code)."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("spawn")
+    results = ctx.Queue()
+    with configure_subprocess():
+        proc = ctx.Process(target=run, args=(results, *args))
+        proc.start()
+    out = results.get(timeout=300)
+    proc.join(60)
+    return out, proc.exitcode

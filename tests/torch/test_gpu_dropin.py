@@ -7,7 +7,6 @@ Needs PyTorch, a CUDA GPU and TAGMEM_PRELOAD_LIBRARY or an installed package wit
 (gpu_run.sh provides both).
 """
 
-import multiprocessing
 import os
 import sys
 
@@ -16,7 +15,15 @@ import torch
 
 import tagmem
 import tagmem.torch as tt
-from gpu_support import SMALL, MiB, as_bytes, assert_unchanged, device_free_bytes, snapshot
+from gpu_support import (
+    SMALL,
+    MiB,
+    as_bytes,
+    assert_unchanged,
+    device_free_bytes,
+    run_spawned_scheduler,
+    snapshot,
+)
 from tagmem.compat import _tms_env
 from tagmem.compat import torch_memory_saver as dropin
 
@@ -122,13 +129,8 @@ def test_sglang_like_scheduler_in_preload_mode_through_configure_subprocess(monk
     dropin.install()
     import sglang_like_scheduler
 
-    ctx = multiprocessing.get_context("spawn")
-    results = ctx.Queue()
-    with dropin.configure_subprocess():
-        proc = ctx.Process(target=sglang_like_scheduler.run, args=(results, NBYTES, 13))
-        proc.start()
-    out = results.get(timeout=300)
-    proc.join(60)
+    out, exitcode = run_spawned_scheduler(
+        sglang_like_scheduler.run, (NBYTES, 13), dropin.configure_subprocess)
     assert "error" not in out, out.get("error")
     assert out["tagmem"] and out["mode"] == "preload"
     assert out["ld_preload"].split(":")[0] == _tms_env.preload_library()
@@ -137,7 +139,7 @@ def test_sglang_like_scheduler_in_preload_mode_through_configure_subprocess(monk
     assert out["backup_equal"] and out["view_equal"] and out["weights_equal"]
     assert out["active_backup"] and out["graph_equal"] and out["kv_ok"]
     assert out["pause_twice"] == "raised" and out["resume_active"] == "raised"
-    assert proc.exitcode == 0
+    assert exitcode == 0
 
 
 def test_vllm_like_worker_imports_tagmem_allocator_and_sleeps_by_level(monkeypatch):

@@ -285,3 +285,36 @@ def test_disk_and_cpu_backup_together_are_refused(torch_free):
         with saver.region(enable_cpu_backup=True, enable_disk_backup=True):
             pass
 
+
+def test_sglang_release_and_resume_order_with_the_weights_written_between_resumes(
+    torch_free, io, rng, monkeypatch
+):
+    # The order SGLang's scheduler releases and resumes its regions in, from the GPU test's
+    # standin (tests/torch/standins/sglang_release_order.py), on the plain tag API.
+    monkeypatch.syspath_prepend(os.path.join(os.path.dirname(os.path.abspath(__file__)), "standins"))
+    import sglang_release_order as sglang
+
+    saver = dropin.TorchMemorySaver()
+    saver.hook_mode = "torch"
+    nbytes = rng.randrange(1, 32) << 14
+    pointers = {}
+    for tag in ("weights", "kv_cache", "cuda_graph"):
+        with saver.region(tag=tag, enable_cpu_backup=tag == "weights"):
+            pointers[tag] = tagmem.raw_alloc(nbytes)
+    old, new = rng.randbytes(nbytes), rng.randbytes(nbytes)
+    io.write(pointers["weights"], old)
+    sglang.release(saver)
+    assert [tagmem.state(t) for t in sglang.RELEASE_ORDER] == [
+        "offloaded_discard", "offloaded_backup", "offloaded_discard"]
+    seen = []
+
+    def update_weights():
+        seen.append([tagmem.state(t) for t in sglang.RESUME_ORDER])
+        seen.append(io.read(pointers["weights"], nbytes) == old)
+        io.write(pointers["weights"], new)
+
+    sglang.resume(saver, update_weights)
+    assert seen == [["resident", "resident", "offloaded_discard"], True]
+    assert io.read(pointers["weights"], nbytes) == new
+    for p in pointers.values():
+        tagmem.raw_free(p)
