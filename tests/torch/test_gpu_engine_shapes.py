@@ -86,7 +86,7 @@ def test_slime_trainer_under_the_preload_library_with_tms_init_enable(tmp_path):
     })
     done = subprocess.run(
         [sys.executable, os.path.join(STANDINS, "slime_like_trainer.py"), "5", str(NBYTES),
-         str(tmp_path / "rendezvous")],
+         str(tmp_path)],
         env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-4000:]
     out = json.loads(done.stdout.strip().splitlines()[-1])

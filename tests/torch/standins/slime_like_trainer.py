@@ -7,7 +7,7 @@ get_cpu_backup(x, zero_copy=True) (how slime's weight updater reads them), wake_
 groups made again) and the weight update inside disable(), whose buffers are ordinary memory.
 Prints one JSON line of what it saw.
 
-    python slime_like_trainer.py <seed> <nbytes> <rendezvous file>
+    python slime_like_trainer.py <seed> <nbytes> <rendezvous directory>
 """
 
 import gc
@@ -23,8 +23,12 @@ def main(seed, nbytes, rendezvous):
 
     import tagmem
 
-    def group():
-        dist.init_process_group("nccl", init_method=f"file://{rendezvous}", rank=0, world_size=1)
+    made = []
+
+    def group():  # a fresh rendezvous file for each group, as a file store is not reused
+        made.append(None)
+        dist.init_process_group("nccl", init_method=f"file://{rendezvous}/group{len(made)}",
+                                rank=0, world_size=1)
 
     def tagged(t):
         try:
