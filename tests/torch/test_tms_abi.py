@@ -310,3 +310,39 @@ def test_a_disk_wish_pauses_to_files_in_the_directory_set_and_brings_the_bytes_b
     assert first[0] >= 2 and first[1] >= (13 << 20) + 4321
     for cycle in out["cycles"]:
         assert cycle == [first[0], first[1], ["offloaded_disk", "offloaded_discard"], True, True, []]
+
+
+def test_a_freed_allocations_cpu_backup_is_no_longer_pinned(run_under_shim):
+    # torch_memory_saver's cpu_backup example, last step: a backed-up allocation's copy, retained
+    # across a resume or taken while paused, is no longer pinned host memory once the allocation
+    # is freed (the driver's host-flags query fails on the old pointer).
+    out = run_under_shim(
+        """
+        flags = ctypes.c_uint()
+        def pinned(host):
+            io._make_current()
+            return io.cu.cuMemHostGetFlags(ctypes.byref(flags), ctypes.c_void_p(host)) == 0
+        def address(ptr, n):
+            host = p.tms_get_cpu_backup_pointer(ctypes.cast(ptr, ctypes.POINTER(ctypes.c_uint8)), n)
+            return ctypes.cast(host, ctypes.c_void_p).value
+        out = {}
+        p.tms_set_retain_cpu_backup(True)
+        for state in ("active", "paused"):
+            tag = "retained_free_" + state
+            set_config(tag, True, True)
+            x, dx = filled(2 << 20)  # a segment of its own, as PyTorch's small pool asks
+            set_config("default", False, False)
+            assert p.tms_pause(tag.encode()) == 0
+            host = address(x, len(dx))
+            seen = [ctypes.string_at(host, len(dx)) == dx, pinned(host)]
+            if state == "active":
+                assert p.tms_resume(tag.encode()) == 0
+                seen += [address(x, len(dx)) == host, io.read(x, len(dx)) == dx]
+            assert p.cudaFree(x) == 0
+            seen.append(pinned(host))
+            out[state] = seen
+        print(json.dumps(out))
+        """,
+        {},
+    )
+    assert out == {"active": [True, True, True, True, False], "paused": [True, True, False]}
