@@ -75,7 +75,7 @@ run_suite() {  # run_suite <name> <env assignments...>
   (cd "$TMS_SRC/test" && env "$@" $PY -m pytest -p no:cacheprovider -v -rA "${SUITE[@]}") \
     >"$OUT/$name.log" 2>&1
 }
-run_suite native PYTHONPATH="$NATIVE${PYTHONPATH:+:$PYTHONPATH}"
+run_suite native -u TAGMEM_AS_TORCH_MEMORY_SAVER -u LD_PRELOAD PYTHONPATH="$NATIVE${PYTHONPATH:+:$PYTHONPATH}"
 run_suite tagmem "${TAGMEM_ENV[@]}"
 
 # The count of `word` (passed, failed, skipped, error) in a pytest log's final line.
