@@ -9,6 +9,7 @@
 #include <mutex>
 #include <thread>
 
+#include "base/checksum.hpp"
 #include "base/error.hpp"
 #include "driver/context_guard.hpp"
 #include "driver/driver.hpp"
@@ -61,20 +62,6 @@ void for_each_piece(device& dev, std::size_t count, int depth, std::size_t buffe
 
 }  // namespace
 
-std::uint64_t disk_checksum(const void* data, std::size_t n) noexcept {
-  const auto* p = static_cast<const unsigned char*>(data);
-  std::uint64_t h = 0x9e3779b97f4a7c15ull ^ n;
-  std::size_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    std::uint64_t w;
-    std::memcpy(&w, p + i, 8);
-    h = (h ^ w) * 0x100000001b3ull;
-    h ^= h >> 29;
-  }
-  for (; i < n; ++i) h = (h ^ p[i]) * 0x100000001b3ull;
-  return h ^ (h >> 32);
-}
-
 std::unique_ptr<disk_backup> write_disk_backup(device& dev, tag& t, const disk_settings& s) {
   auto b = std::make_unique<disk_backup>();
   for (const auto& [va, m] : t.arena().mappings()) {
@@ -93,7 +80,7 @@ std::unique_ptr<disk_backup> write_disk_backup(device& dev, tag& t, const disk_s
   for_each_piece(dev, b->pieces.size(), s.depth, s.piece_bytes, [&](std::size_t i, char* bounce) {
     disk_piece& p = b->pieces[i];
     TAGMEM_CU(cuMemcpyDtoH, bounce, p.dev, p.bytes);
-    p.checksum = disk_checksum(bounce, p.bytes);
+    p.checksum = checksum64(bounce, p.bytes);
     b->files[p.file]->write_all(bounce, p.bytes, p.offset);
   });
   return b;
@@ -104,7 +91,7 @@ void read_disk_backup(device& dev, disk_backup& b, const disk_settings& s) {
     const disk_piece& p = b.pieces[i];
     disk_file& f = *b.files[p.file];
     f.read_all(bounce, p.bytes, p.offset);
-    TAGMEM_EXPECTS(disk_checksum(bounce, p.bytes) == p.checksum, TAGMEM_ERROR_IO,
+    TAGMEM_EXPECTS(checksum64(bounce, p.bytes) == p.checksum, TAGMEM_ERROR_IO,
                    "disk backup file " + f.path() + " holds other bytes at offset " +
                        std::to_string(p.offset) + " than were written (checksum mismatch)");
     TAGMEM_CU(cuMemcpyHtoD, p.dev, bounce, p.bytes);

@@ -55,8 +55,4 @@ std::unique_ptr<disk_backup> write_disk_backup(device& dev, tag& t, const disk_s
 // error, a short file or a checksum that does not match; pieces already copied stay copied.
 void read_disk_backup(device& dev, disk_backup& b, const disk_settings& s);
 
-// The checksum kept per piece (64-bit, not cryptographic: it catches a disk that returns other
-// bytes than it was given).
-std::uint64_t disk_checksum(const void* data, std::size_t n) noexcept;
-
 }  // namespace tagmem

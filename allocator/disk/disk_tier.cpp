@@ -11,15 +11,6 @@ namespace {
 
 disk_backup& backup_of(tag& t) { return static_cast<disk_backup&>(*t.disk_backup()); }
 
-// The tag's state as the pipeline must see it (DISCARD) or as callers do (DISK), partial kept.
-void set_mode(tag& t, tagmem_offload_mode mode) noexcept {
-  if (t.partial()) {
-    t.set_partially_offloaded(mode);
-  } else {
-    t.set_offloaded(mode);
-  }
-}
-
 }  // namespace
 
 void offload_to_disk(device& dev, tag* const* tags, std::size_t count, host_store& store,
@@ -37,7 +28,7 @@ void offload_to_disk(device& dev, tag* const* tags, std::size_t count, host_stor
       tag& t = *tags[i];
       if (t.offloaded()) {
         t.disk_backup() = std::move(backups[i]);
-        set_mode(t, TAGMEM_BACKUP_DISK);
+        t.set_offload_mode(TAGMEM_BACKUP_DISK);
         continue;
       }
       try {
@@ -58,7 +49,7 @@ void offload_to_disk(device& dev, tag* const* tags, std::size_t count, host_stor
 void reload_from_disk(device& dev, tag* const* tags, std::size_t count, host_store& store,
                       const config& cfg, const disk_settings& s) {
   std::exception_ptr first;
-  for (std::size_t i = 0; i < count; ++i) set_mode(*tags[i], TAGMEM_DISCARD);
+  for (std::size_t i = 0; i < count; ++i) tags[i]->set_offload_mode(TAGMEM_DISCARD);
   // The mappings come back as they were, not coalesced (Note [reload coalescing]): the files are
   // one per mapping, so a tag that goes to disk every cycle writes the same files each time, one
   // per allocation of its own mapping; the reads, not the maps, set a disk reload's time.
@@ -73,7 +64,7 @@ void reload_from_disk(device& dev, tag* const* tags, std::size_t count, host_sto
   for (std::size_t i = 0; i < count; ++i) {
     tag& t = *tags[i];
     if (t.offloaded()) {  // not mapped: the backup is untouched
-      set_mode(t, TAGMEM_BACKUP_DISK);
+      t.set_offload_mode(TAGMEM_BACKUP_DISK);
       continue;
     }
     disk_backup& b = backup_of(t);
@@ -92,7 +83,7 @@ void reload_from_disk(device& dev, tag* const* tags, std::size_t count, host_sto
       t.counters().reload_count--;
     } catch (...) {  // left partial (or resident) by the pipeline: the backup stays with it
     }
-    if (t.offloaded()) set_mode(t, TAGMEM_BACKUP_DISK);
+    if (t.offloaded()) t.set_offload_mode(TAGMEM_BACKUP_DISK);
   }
   if (first) std::rethrow_exception(first);
 }

@@ -33,6 +33,14 @@ void tag::set_partially_offloaded(tagmem_offload_mode mode) noexcept {
   partial_ = true;
 }
 
+void tag::set_offload_mode(tagmem_offload_mode mode) noexcept {
+  if (partial()) {
+    set_partially_offloaded(mode);
+  } else {
+    set_offloaded(mode);
+  }
+}
+
 void tag::set_resident() noexcept {
   offloaded_ = false;
   partial_ = false;

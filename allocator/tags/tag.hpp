@@ -69,6 +69,9 @@ class tag : public meta_object {
   void set_offloaded(tagmem_offload_mode mode) noexcept;
   void set_partially_offloaded(tagmem_offload_mode mode) noexcept;  // see partial()
   void set_resident() noexcept;
+  // Labels an offloaded tag with `mode`, partial or not as it is: a tier above the pipeline
+  // (disk, replicas) has it see a DISCARD tag and callers its own mode.
+  void set_offload_mode(tagmem_offload_mode mode) noexcept;
 
   // Keeping the backup across a reload (backup_retention.hpp): the flag the caller set, and
   // whether a resident tag holds a kept backup, with the tag's allocation and free counts when
