@@ -26,6 +26,7 @@
 #include "options/options.hpp"
 #include "registry/oom_message.hpp"
 #include "registry/registry.hpp"
+#include "replica/replication.hpp"
 #include "tagmem/tagmem.h"
 #include "tags/backup_retention.hpp"
 #include "tags/host_view.hpp"
@@ -509,6 +510,15 @@ tagmem_status tagmem_set_keep_backup(const char* tag, int device, int keep) {
     tagmem::tag& t = r.get(r.resolve_device(device), tag);
     std::lock_guard lock(t.mutex());
     t.set_keep_backup(keep != 0);
+  });
+}
+
+tagmem_status tagmem_set_replicated(const char* tag, int device, const char* group, int rank,
+                                    int size) {
+  return guarded([&](registry& r) {
+    tagmem::tag& t = r.get(r.resolve_device(device), tag);
+    std::lock_guard lock(t.mutex());
+    set_replication(t, group, rank, size);
   });
 }
 

@@ -15,7 +15,17 @@ bool decode_bool(std::uint32_t v) {
   return v == 1;
 }
 
-const char* op_name(group_op op) { return op == group_op::pause ? "pause" : "resume"; }
+const char* op_name(group_op op) {
+  switch (op) {
+    case group_op::pause:
+      return "pause";
+    case group_op::resume:
+      return "resume";
+    case group_op::replicate:
+      return "replicated offload";
+  }
+  return "an unknown operation";
+}
 
 std::string encode_hello(const hello& h) {
   return wire_writer()
@@ -38,7 +48,7 @@ hello decode_hello(const std::string& payload) {
   if (r.u32() != kProtocolVersion) fail(TAGMEM_ERROR_PEER, "a hello of another protocol");
   hello h;
   std::uint32_t op = r.u32();
-  if (op != 1 && op != 2) fail(TAGMEM_ERROR_PEER, "a hello with an unknown operation");
+  if (op < 1 || op > 3) fail(TAGMEM_ERROR_PEER, "a hello with an unknown operation");
   h.op = static_cast<group_op>(op);
   h.rank = r.i32();
   h.size = r.i32();

@@ -17,7 +17,7 @@
 
 namespace tagmem::peers {
 
-enum class group_op : std::uint32_t { pause = 1, resume = 2 };
+enum class group_op : std::uint32_t { pause = 1, resume = 2, replicate = 3 };
 const char* op_name(group_op op);
 
 // 3: matching is established by the owner (two mail rounds), claims carry no indices.

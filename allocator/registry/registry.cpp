@@ -15,6 +15,8 @@
 #include "options/options.hpp"
 #include "peers/job_identity.hpp"
 #include "peers/private_dir.hpp"
+#include "replica/replica_tier.hpp"
+#include "replica/replication.hpp"
 #include "tags/external_tag.hpp"
 
 namespace tagmem {
@@ -315,6 +317,17 @@ void registry::offload(const char* const* names, std::size_t count, int ordinal,
     offload_to_disk(d, list.data(), list.size(), hs, cfg_, s);
     return;
   }
+  if (mode == TAGMEM_BACKUP) {  // Note [replicated offload]: with the tag's replicas, at once
+    meta_vector<tag*> replicated;
+    for (tag* t : list) {
+      if (replication_of(*t)) replicated.push_back(t);
+    }
+    if (!replicated.empty()) {
+      std::erase_if(list, [](tag* t) { return replication_of(*t) != nullptr; });
+      offload_replicated_tags(ordinal, std::move(replicated));
+      if (list.empty()) return;
+    }
+  }
   auto body = [this, list, &hs, &d, ordinal, mode,
                refuse_offloaded](const std::function<void()>& queued) {
     after_operation noted{[&]() noexcept { note_offloaded(ordinal); }};
@@ -332,6 +345,23 @@ void registry::offload(const char* const* names, std::size_t count, int ordinal,
   }
 }
 
+void registry::offload_replicated_tags(int ordinal, meta_vector<tag*> list) {
+  after_operation noted{[&]() noexcept { note_offloaded(ordinal); }};
+  multi_lock lock(list);
+  for (tag* t : list) {
+    TAGMEM_EXPECTS(!t->offloaded(), TAGMEM_ERROR_TAG_OFFLOADED,
+                   std::string("tag '") + t->name() +
+                       (t->partial() ? "' is partly offloaded; reload it before offloading it again"
+                                     : "' is already offloaded"));
+  }
+  refuse_if_imported(list, "offloaded");
+  // Every replica takes its tags in one order, whatever order its caller listed them in.
+  std::sort(list.begin(), list.end(),
+            [](tag* a, tag* b) { return std::strcmp(a->name(), b->name()) < 0; });
+  const int timeout_ms = static_cast<int>(option_number(option::REPLICA_TIMEOUT_MS));
+  for (tag* t : list) offload_replicated(dev(ordinal), *t, store(ordinal), cfg_, timeout_ms);
+}
+
 void registry::reload(const char* const* names, std::size_t count, int ordinal) {
   meta_vector<tag*> list = lookup_unique(names, count, ordinal, "tagmem_reload");
   if (list.empty()) return;
@@ -342,15 +372,32 @@ void registry::reload(const char* const* names, std::size_t count, int ordinal) 
     TAGMEM_EXPECTS(t->offloaded(), TAGMEM_ERROR_TAG_RESIDENT,
                    std::string("tag '") + t->name() + "' is resident; nothing to reload");
   }
-  // Tags on disk are read back after the others' pipeline (Note [disk tier]).
+  // Tags on disk (Note [disk tier]) and tags offloaded through their replicas' shared copy
+  // (Note [replicated offload]) are read back after the others' pipeline.
+  const auto shared = std::stable_partition(list.begin(), list.end(),
+                                            [](tag* t) { return !holds_shared_copy(*t); });
   const auto on_disk = std::stable_partition(
-      list.begin(), list.end(), [](tag* t) { return t->mode() != TAGMEM_BACKUP_DISK; });
+      list.begin(), shared, [](tag* t) { return t->mode() != TAGMEM_BACKUP_DISK; });
   const std::size_t in_memory = static_cast<std::size_t>(on_disk - list.begin());
+  const std::size_t disk_end = static_cast<std::size_t>(shared - list.begin());
   if (in_memory) reload_tags(dev(ordinal), list.data(), in_memory, hs, cfg_);  // one pipeline
-  if (in_memory < list.size()) {
-    reload_from_disk(dev(ordinal), list.data() + in_memory, list.size() - in_memory, hs, cfg_,
-                     disk_settings_now());
+  std::exception_ptr first;
+  if (in_memory < disk_end) {
+    try {
+      reload_from_disk(dev(ordinal), list.data() + in_memory, disk_end - in_memory, hs, cfg_,
+                       disk_settings_now());
+    } catch (...) {
+      first = std::current_exception();
+    }
   }
+  for (std::size_t i = disk_end; i < list.size(); ++i) {
+    try {
+      reload_replicated(dev(ordinal), *list[i], hs, cfg_);
+    } catch (...) {
+      if (!first) first = std::current_exception();
+    }
+  }
+  if (first) std::rethrow_exception(first);
 }
 
 disk_settings registry::disk_settings_now() {
@@ -408,6 +455,10 @@ void registry::swap(const char* const* out_names, std::size_t out_count,
     TAGMEM_EXPECTS(t->mode() != TAGMEM_BACKUP_DISK, TAGMEM_ERROR_INVALID_ARGUMENT,
                    std::string("tag '") + t->name() +
                        "' is offloaded to disk: reload it with tagmem_reload, not in a swap");
+    TAGMEM_EXPECTS(!holds_shared_copy(*t), TAGMEM_ERROR_INVALID_ARGUMENT,
+                   std::string("tag '") + t->name() +
+                       "' is offloaded through its replicas' shared host copy: reload it with "
+                       "tagmem_reload, not in a swap");
   }
   refuse_if_imported(outs, "swapped out");
   // One pipeline: the out-tags' copies and unmaps overlap the in-tags' maps and copies.

@@ -124,6 +124,8 @@ class registry {
   // Throws PEER, naming the process, when a live import maps memory of one of `tags`, or
   // naming the hold when NCCL holds some (Note [nccl holds]).
   void refuse_if_imported(const meta_vector<tag*>& tags, const char* operation);
+  // The replicated tags of a BACKUP offload, each with its replicas (Note [replicated offload]).
+  void offload_replicated_tags(int ordinal, meta_vector<tag*> list);
   std::mutex ipc_mutex_;  // the fields below
   tag_ipc_source ipc_source_;
   std::unique_ptr<handoff::ipc_server> ipc_server_;  // created by the first export

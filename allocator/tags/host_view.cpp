@@ -29,6 +29,11 @@ host_span backup_span(tag& t, CUdeviceptr address, CUdeviceptr end, bool writabl
   TAGMEM_EXPECTS(
       t.mode() == TAGMEM_BACKUP, TAGMEM_ERROR_TAG_OFFLOADED,
       "tagmem_host_view: tag '" + name + "' was offloaded with TAGMEM_DISCARD: no bytes were kept");
+  TAGMEM_EXPECTS(!t.offloaded() || !t.replication() || !t.pieces().empty(),
+                 TAGMEM_ERROR_TAG_OFFLOADED,
+                 "tagmem_host_view: tag '" + name +
+                     "' is offloaded through its replicas' shared host copy, which host views do "
+                     "not read");
   const auto& pieces = t.pieces();
   auto after = std::upper_bound(pieces.begin(), pieces.end(), address,
                                 [](CUdeviceptr a, const backup_piece& p) { return a < p.dev; });

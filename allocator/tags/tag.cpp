@@ -19,6 +19,7 @@ tagmem_tag_state tag::state() const noexcept {
 std::size_t tag::host_bytes() const noexcept {
   std::size_t n = 0;
   for (const host_extent& e : extents_) n += e.size;
+  if (replication_) n += replication_->host_bytes();
   return n;
 }
 

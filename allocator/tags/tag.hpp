@@ -30,9 +30,12 @@ struct tag_counters {
 };
 
 // What a layer above keeps with a tag and what goes when the tag goes (the disk tier's backup
-// files, disk/disk_backup.hpp).
+// files, disk/disk_backup.hpp; a replicated tag's setting and shared host copy,
+// replica/replication.hpp).
 struct tag_attachment {
   virtual ~tag_attachment() = default;
+  // Host memory this attachment holds for the tag's backup now (counted in its host_bytes).
+  virtual std::size_t host_bytes() const noexcept { return 0; }
 };
 
 class tag : public meta_object {
@@ -89,6 +92,8 @@ class tag : public meta_object {
 
   // The tag's disk backup while it is offloaded to disk (TAGMEM_BACKUP_DISK), else null.
   std::unique_ptr<tag_attachment>& disk_backup() noexcept { return disk_backup_; }
+  // The tag's replication (replica/replication.hpp) when it is a replicated tag, else null.
+  std::unique_ptr<tag_attachment>& replication() noexcept { return replication_; }
 
   tagmem_tag_stats stats() const;
   // Raises the peaks to the bytes allocated and mapped now (after an allocation; mapped bytes
@@ -111,6 +116,7 @@ class tag : public meta_object {
   bool kept_ = false;
   std::uint64_t kept_allocs_ = 0, kept_frees_ = 0;
   std::unique_ptr<tag_attachment> disk_backup_;
+  std::unique_ptr<tag_attachment> replication_;
 };
 
 }  // namespace tagmem

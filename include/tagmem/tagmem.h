@@ -392,6 +392,21 @@ TAGMEM_API tagmem_status tagmem_host_view(const void* ptr, int flags, void** hos
  * (bad device). Thread-safe. */
 TAGMEM_API tagmem_status tagmem_set_keep_backup(const char* tag, int device, int keep);
 
+/* Makes `tag` on `device` a replicated tag: the processes of this job that call this for the same
+ * tag name and `group` (1-40 characters of [A-Za-z0-9._-]), each with its own `rank` of `size`
+ * (at most 256), hold the same bytes in the same layout of it, and its TAGMEM_BACKUP offloads
+ * keep one host copy for all of them: each replica copies only its share (1/size) of the bytes
+ * into host memory the replicas share, and each reload copies the whole of it back
+ * (docs/replicated.md). An offload of a replicated tag waits for its replicas (at most
+ * TAGMEM_REPLICA_TIMEOUT_MS per step) and fails with INVALID_ARGUMENT, every tag untouched, when
+ * they do not hold the same layout and sampled bytes; TAGMEM_DISCARD, TAGMEM_BACKUP_DISK and
+ * swaps treat it as any tag. `group` NULL makes the tag plain again.
+ * Errors: UNKNOWN_TAG (create the tag first), INVALID_ARGUMENT (bad device, group name, rank or
+ * size; no job identity: set TAGMEM_JOB), TAG_OFFLOADED (the tag is offloaded through its
+ * replicas' host copy: reload it first). Thread-safe. */
+TAGMEM_API tagmem_status tagmem_set_replicated(const char* tag, int device, const char* group,
+                                               int rank, int size);
+
 /* Sets the directory TAGMEM_BACKUP_DISK writes its files to, for offloads from now on (it must
  * exist; tags already on disk keep their files). NULL or "" goes back to TAGMEM_DISK_DIR. The
  * directory should be on a real disk: on tmpfs the files live in host memory.

@@ -6,6 +6,7 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <stdexcept>
 
 #include "driver/driver.hpp"
@@ -23,6 +24,7 @@ fd_census take_fd_census() {
     const std::string path = std::string("/proc/self/fd/") + e->d_name;
     if (::readlink(path.c_str(), target, sizeof target - 1) <= 0) continue;
     if (std::strncmp(target, "/memfd:tagmem_emu:", 18) == 0) ++c.device_memory;
+    if (std::strncmp(target, "/memfd:tagmem-replica", 21) == 0) ++c.shared_copies;
     // Note [sockets on the real driver]: libcuda opens sockets of its own when it first loads
     // (seen on an H200, driver 580) and keeps them, so a census taken before the driver loaded
     // differs from one after by those. Sockets are counted on the emulator, where every socket
@@ -30,12 +32,16 @@ fd_census take_fd_census() {
     if (std::strncmp(target, "socket:", 7) == 0 && reliability::emu().available) ++c.sockets;
   }
   ::closedir(d);
+  std::ifstream maps("/proc/self/maps");
+  for (std::string line; std::getline(maps, line);) {
+    if (line.find("/memfd:tagmem-replica") != std::string::npos) ++c.shared_copies;
+  }
   return c;
 }
 
 std::string describe(const fd_census& c) {
   return std::to_string(c.device_memory) + " device-memory fds, " + std::to_string(c.sockets) +
-         " sockets";
+         " sockets, " + std::to_string(c.shared_copies) + " shared-copy fds and mappings";
 }
 
 std::string make_private_dir(const char* what) {

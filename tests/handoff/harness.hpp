@@ -28,10 +28,12 @@ using preload_test::peer_process;
 inline constexpr std::size_t MiB = std::size_t{1} << 20;
 inline constexpr std::size_t kPiece = 30 * MiB;  // a tag's allocation: one mapping each
 
-// Descriptors of this process that would show a leak: emulated device memory (memfds) and sockets.
+// Descriptors of this process that would show a leak: emulated device memory (memfds), sockets,
+// and replicated tags' shared host copies (descriptors and mappings).
 struct fd_census {
   int device_memory = 0;
   int sockets = 0;
+  int shared_copies = 0;
   bool operator==(const fd_census&) const = default;
 };
 fd_census take_fd_census();

@@ -1,0 +1,247 @@
+// replica_tier.cpp — Note [replicated offload] in replica_tier.hpp.
+#include "replica/replica_tier.hpp"
+
+#include <unistd.h>
+
+#include <memory>
+#include <optional>
+#include <random>
+
+#include "base/error.hpp"
+#include "driver/context_guard.hpp"
+#include "driver/driver.hpp"
+#include "observe/log.hpp"
+#include "offload/offload_engine.hpp"
+#include "peers/group.hpp"
+#include "peers/wire.hpp"
+#include "replica/replica_layout.hpp"
+#include "replica/replication.hpp"
+#include "replica/share_copy.hpp"
+
+namespace tagmem {
+namespace {
+
+// The start of share k of n over `bytes`: multiples of 64 KiB, the last share takes the rest.
+std::size_t share_begin(std::size_t bytes, int k, int n) {
+  if (k >= n) return bytes;
+  const std::size_t step =
+      bytes / static_cast<std::size_t>(n) / (std::size_t{64} << 10) * (std::size_t{64} << 10);
+  return step * static_cast<std::size_t>(k);
+}
+
+std::size_t copy_share(device& dev, tag& t, shared_buffer& b, int k) {
+  const std::size_t lo = share_begin(b.bytes(), k, b.shares());
+  const std::size_t hi = share_begin(b.bytes(), k + 1, b.shares());
+  copy_to_host(dev, t, lo, hi, b.data() + lo);
+  b.mark_written(k);
+  return hi - lo;
+}
+
+// The replicas' session, or none for a group of one.
+class replicas {
+ public:
+  replicas(const replication_spec& s, const char* tag_name, int timeout_ms) : spec_(s) {
+    if (s.size == 1) return;
+    peers::group_spec g{s.job, replica_session_name(s.group, tag_name), s.rank, s.size, timeout_ms};
+    session_ = peers::group_session::join(g, peers::group_op::replicate, true, TAGMEM_SUCCESS, {});
+  }
+  std::vector<std::string> all_gather(const std::string& blob, const char* what) {
+    if (!session_) return {blob};
+    return session_->all_gather(blob, what);
+  }
+  std::string describe(int r) const {
+    return session_ ? session_->describe(r) : "rank " + std::to_string(r);
+  }
+  pid_t pid_of(int r) const { return session_ ? session_->member(r).pid : ::getpid(); }
+  // Every replica's outcome; throws the first failure, naming its rank, on every replica.
+  void agree(const peers::rank_outcome& mine, const char* what) {
+    std::vector<peers::rank_outcome> all{mine};
+    if (session_) all = session_->outcomes(mine, what);
+    for (std::size_t r = 0; r < all.size(); ++r) {
+      if (all[r].status != TAGMEM_SUCCESS) {
+        throw error(all[r].status, describe(static_cast<int>(r)) + ": " + all[r].message);
+      }
+    }
+  }
+  // Hands rank 0's descriptor to the others; `receive` adopts it (it must not throw).
+  void send_copy(int fd, const std::function<void(int, peers::owned_fds&)>& receive,
+                 const char* what) {
+    if (!session_) return;
+    std::vector<peers::letter> out;
+    if (fd >= 0) {
+      for (int r = 1; r < spec_.size; ++r) out.push_back({r, {}, {fd}});
+    }
+    session_->mail(
+        out, [&](int from, const std::string&, peers::owned_fds& fds) { receive(from, fds); },
+        what);
+  }
+
+ private:
+  replication_spec spec_;
+  std::unique_ptr<peers::group_session> session_;
+};
+
+peers::rank_outcome outcome_of(const std::exception_ptr& e) {
+  try {
+    std::rethrow_exception(e);
+  } catch (const error& x) {
+    return {x.code(), x.what()};
+  } catch (const std::exception& x) {
+    return {TAGMEM_ERROR_INTERNAL, x.what()};
+  }
+}
+
+std::string who(const tag& t, const replication_spec& s) {
+  return "replicated tag '" + std::string(t.name()) + "' (group '" + s.group + "')";
+}
+
+// Steps 1 and 2: the check, then the shared copy in every replica (or an exception in all).
+std::unique_ptr<shared_buffer> meet(device& dev, tag& t, const replication_spec& s,
+                                    replicas& group) {
+  const std::uint64_t seed = s.rank == 0 ? std::random_device{}() : 0;
+  const replica_layout mine = layout_of(t, seed);
+  std::vector<replica_layout> all;
+  for (const std::string& b : group.all_gather(encode_layout(mine), "comparing replicas")) {
+    all.push_back(decode_layout(b));
+  }
+  for (std::size_t r = 1; r < all.size(); ++r) {
+    TAGMEM_EXPECTS(all[r].same_as(all[0]) && all[r].bytes == all[0].bytes,
+                   TAGMEM_ERROR_INVALID_ARGUMENT,
+                   "its replicas differ: " + group.describe(static_cast<int>(r)) + " holds " +
+                       all[r].describe() + ", " + group.describe(0) + " " + all[0].describe());
+  }
+  const std::uint64_t sum = sampled_checksum(dev, t, all[0].seed);
+  peers::wire_writer w;
+  w.u64(sum);
+  const std::vector<std::string> sums = group.all_gather(w.take(), "comparing replicas' bytes");
+  for (std::size_t r = 1; r < sums.size(); ++r) {
+    TAGMEM_EXPECTS(sums[r] == sums[0], TAGMEM_ERROR_INVALID_ARGUMENT,
+                   "the replicas of " + who(t, s) +
+                       " hold different bytes: the sampled "
+                       "checksum of " +
+                       group.describe(static_cast<int>(r)) + " differs from " + group.describe(0) +
+                       "'s");
+  }
+  const std::uint64_t identity = replica_identity(s, t.name());
+  std::unique_ptr<shared_buffer> copy;
+  std::exception_ptr failed;
+  if (s.rank == 0) {
+    try {
+      copy = shared_buffer::create(dev, identity, all[0].bytes, s.size);
+      for (int r = 0; r < s.size; ++r) copy->set_pid(r, group.pid_of(r));
+    } catch (...) {
+      failed = std::current_exception();
+    }
+  }
+  group.send_copy(
+      copy ? copy->fd() : -1,
+      [&](int from, peers::owned_fds& fds) {
+        try {
+          TAGMEM_EXPECTS(from == 0 && fds.size() == 1, TAGMEM_ERROR_PEER,
+                         group.describe(from) + " sent something else than the shared host copy");
+          copy = shared_buffer::adopt(dev, fds.take(0), identity, all[0].bytes, s.size,
+                                      group.describe(from));
+        } catch (...) {
+          if (!failed) failed = std::current_exception();
+        }
+      },
+      "handing out the shared host copy");
+  if (!copy && !failed) {
+    failed = std::make_exception_ptr(
+        error(TAGMEM_ERROR_PEER, "no shared host copy came from " + group.describe(0)));
+  }
+  group.agree(failed ? outcome_of(failed) : peers::rank_outcome{}, "setting up the shared copy");
+  return copy;
+}
+
+}  // namespace
+
+void offload_replicated(device& dev, tag& t, host_store& store, const config& cfg, int timeout_ms) {
+  replication& rep = *replication_of(t);
+  tag* self = &t;
+  const replication_spec s = rep.spec;
+  {
+    context_guard guard(dev.context());
+    TAGMEM_CU(cuCtxSynchronize, dev.context());  // Note [offload waits]
+  }
+  std::unique_ptr<shared_buffer> copy;
+  std::size_t moved = 0;
+  {
+    std::optional<replicas> group;
+    try {
+      group.emplace(s, t.name(), timeout_ms);
+      copy = meet(dev, t, s, *group);
+    } catch (const error& e) {  // every tag untouched: say which one
+      throw error(e.code(), "offloading " + who(t, s) + ": " + e.what());
+    }
+    std::exception_ptr own;  // step 3: this replica's share
+    try {
+      moved += copy_share(dev, t, *copy, s.rank);
+    } catch (...) {
+      own = std::current_exception();
+    }
+    try {  // step 4: the others', bounded; a replica gone or late is covered below
+      group->agree(own ? outcome_of(own) : peers::rank_outcome{}, "writing the shares");
+    } catch (...) {
+    }
+    if (own) std::rethrow_exception(own);  // the tag is untouched; the others fill this share
+  }
+  int filled = 0;
+  for (int k = 0; k < s.size; ++k) {
+    if (copy->written(k)) continue;
+    moved += copy_share(dev, t, *copy, k);
+    ++filled;
+  }
+  if (filled && logging(log_level::info)) {
+    log_line("tagmem: " + who(t, s) + ": wrote " + std::to_string(filled) +
+             " share(s) of replicas that did not");
+  }
+  try {  // step 5
+    offload_tags(dev, &self, 1, TAGMEM_DISCARD, store, cfg);
+  } catch (...) {
+    if (t.offloaded()) {  // partial: the shared copy holds what was unmapped
+      rep.copy = std::move(copy);
+      t.set_offload_mode(TAGMEM_BACKUP);
+    }
+    throw;
+  }
+  rep.copy = std::move(copy);
+  t.counters().bytes_offloaded += moved;
+  t.set_offloaded(TAGMEM_BACKUP);
+}
+
+void reload_replicated(device& dev, tag& t, host_store& store, const config& cfg) {
+  replication& rep = *replication_of(t);
+  tag* self = &t;
+  shared_buffer& b = *rep.copy;
+  for (int k = 0; k < b.shares(); ++k) {
+    TAGMEM_EXPECTS(b.written(k), TAGMEM_ERROR_PEER,
+                   "the shared host copy of " + who(t, rep.spec) + " lacks the share of rank " +
+                       std::to_string(k) + " (pid " + std::to_string(b.pid_of(k)) +
+                       "), which never wrote it; the tag stays offloaded");
+  }
+  t.set_offload_mode(TAGMEM_DISCARD);
+  try {
+    reload_tags(dev, &self, 1, store, cfg);
+  } catch (...) {
+    if (t.offloaded()) t.set_offload_mode(TAGMEM_BACKUP);
+    throw;
+  }
+  try {
+    copy_to_device(dev, t, b.data());
+  } catch (...) {
+    // The bytes are not all back: unmap again and keep the shared copy (retryable).
+    try {
+      offload_tags(dev, &self, 1, TAGMEM_DISCARD, store, cfg);
+      t.counters().offload_count--;  // neither the reload nor this offload happened
+      t.counters().reload_count--;
+    } catch (...) {  // left partial (or resident) by the pipeline: the copy stays with it
+    }
+    if (t.offloaded()) t.set_offload_mode(TAGMEM_BACKUP);
+    throw;
+  }
+  t.counters().bytes_reloaded += b.bytes();
+  rep.copy.reset();
+}
+
+}  // namespace tagmem

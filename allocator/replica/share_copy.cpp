@@ -1,0 +1,45 @@
+// share_copy.cpp — see share_copy.hpp.
+#include "replica/share_copy.hpp"
+
+#include <algorithm>
+
+#include "base/error.hpp"
+#include "driver/context_guard.hpp"
+#include "driver/driver.hpp"
+
+namespace tagmem {
+
+std::size_t run_bytes(tag& t) noexcept {
+  std::size_t n = 0;
+  for (const auto& [va, m] : t.arena().mappings()) n += m.size;
+  return n;
+}
+
+void for_each_part(tag& t, std::size_t begin, std::size_t end,
+                   const std::function<void(CUdeviceptr, std::size_t, std::size_t)>& each) {
+  std::size_t at = 0;  // run offset of the current mapping
+  for (const auto& [va, m] : t.arena().mappings()) {
+    const std::size_t lo = std::max(begin, at), hi = std::min(end, at + m.size);
+    for (std::size_t p = lo; p < hi; p += kCopyPieceBytes) {
+      each(va + (p - at), p, std::min(kCopyPieceBytes, hi - p));
+    }
+    at += m.size;
+    if (at >= end) break;
+  }
+}
+
+void copy_to_host(device& dev, tag& t, std::size_t begin, std::size_t end, char* host) {
+  context_guard guard(dev.context());
+  for_each_part(t, begin, end, [&](CUdeviceptr va, std::size_t at, std::size_t n) {
+    TAGMEM_CU(cuMemcpyDtoH, host + (at - begin), va, n);
+  });
+}
+
+void copy_to_device(device& dev, tag& t, const char* host) {
+  context_guard guard(dev.context());
+  for_each_part(t, 0, run_bytes(t), [&](CUdeviceptr va, std::size_t at, std::size_t n) {
+    TAGMEM_CU(cuMemcpyHtoD, va, host + at, n);
+  });
+}
+
+}  // namespace tagmem

@@ -1,0 +1,247 @@
+// replica_test.cpp — replicated tags (Note [replicated offload] in replica/replica_tier.hpp): two
+// or three processes of one job hold the same tag; each offload copies its share into one shared
+// host copy, each reload copies all of it back. The test process is rank 0, peers of this binary
+// the other ranks. Every byte is checked after reload in every process, replicas that differ are
+// refused, a replica killed (SIGKILL) at each step loses no byte of the others, and nothing is
+// left behind (descriptors, mappings, emulated device memory).
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <csignal>
+#include <memory>
+#include <random>
+#include <sstream>
+
+#include "emu_controls.hpp"
+#include "harness.hpp"
+#include "peer.hpp"
+
+namespace tagmem::handoff_test {
+namespace {
+
+using preload_test::peer_args;
+using preload_test::peer_process;
+
+constexpr std::size_t MiB = std::size_t{1} << 20;
+constexpr int kCount = 3;  // allocations of kBytes: one 20 MiB segment
+constexpr std::size_t kBytes = 3 * MiB;
+constexpr const char* kTag = "w";
+
+tagmem_tag_stats stats_of(const char* tag) {
+  tagmem_tag_stats s{};
+  check(tagmem_tag_stats_get(tag, 0, &s), "tagmem_tag_stats_get");
+  return s;
+}
+
+// A replica: fills the tag from the seed it is sent, offloads and reloads when told, reporting
+// each outcome ("<status> <bytes this process copied out> <host bytes>").
+TAGMEM_PEER_SCENARIO(replica) {
+  check(tagmem_init(nullptr), "tagmem_init");
+  std::istringstream in(args.channel.receive());
+  std::uint64_t seed = 0;
+  int rank = 0, size = 0, count = 0;
+  std::string group;
+  in >> seed >> rank >> size >> count >> group;
+  std::mt19937_64 rng(seed);
+  tag_data w = fill_tag(kTag, count, kBytes, rng);
+  check(tagmem_set_replicated(kTag, 0, group.c_str(), rank, size), "tagmem_set_replicated");
+  args.channel.send("resident");
+  for (;;) {
+    const std::string cmd = args.channel.receive();
+    if (cmd == "exit") break;
+    const char* tag = kTag;
+    const tagmem_status st =
+        cmd == "offload" ? tagmem_offload(&tag, 1, 0, TAGMEM_BACKUP) : tagmem_reload(&tag, 1, 0);
+    const tagmem_tag_stats s = stats_of(kTag);
+    std::string report = std::to_string(st) + " " + std::to_string(s.bytes_offloaded) + " " +
+                         std::to_string(s.host_bytes);
+    if (cmd == "reload" && st == TAGMEM_SUCCESS) report += corrupted(w) == 0 ? " intact" : " bad";
+    args.channel.send(report);
+  }
+  check(tagmem_shutdown(), "tagmem_shutdown");
+  return 0;
+}
+
+struct report {
+  tagmem_status status = TAGMEM_SUCCESS;
+  std::uint64_t moved = 0;
+  std::uint64_t host = 0;
+  std::string bytes;
+};
+report parse(const std::string& text) {
+  std::istringstream in(text);
+  int st = 0;
+  report r;
+  in >> st >> r.moved >> r.host >> r.bytes;
+  r.status = static_cast<tagmem_status>(st);
+  return r;
+}
+
+class Replica : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_TRUE(reliability::emu().available);
+    before_ = take_fd_census();
+    seed_ = std::random_device{}();
+    group_ = "g" + std::to_string(++groups_);
+  }
+  void TearDown() override {
+    unsetenv("TAGMEM_EMU_KILL_AT");
+    unsetenv("TAGMEM_REPLICA_TIMEOUT_MS");
+    for (auto& p : peers_) {
+      if (p) p->kill_now();
+    }
+    peers_.clear();
+    tagmem_shutdown();
+    EXPECT_EQ(reliability::emu().device_used_bytes(0), 0u) << "memory of the dead is still used";
+    EXPECT_EQ(emu_leaks(), "");
+    EXPECT_EQ(take_fd_census(), before_)
+        << describe(take_fd_census()) << " / " << describe(before_);
+  }
+  // Rank 0 (this process) and `size - 1` peers, all resident; `kill_at` for rank 1.
+  void start(int size, const char* kill_at = nullptr, std::uint64_t peer_seed = 0,
+             int peer_count = kCount) {
+    check(tagmem_init(nullptr), "tagmem_init");
+    std::mt19937_64 rng(seed_);
+    mine_ = fill_tag(kTag, kCount, kBytes, rng);
+    check(tagmem_set_replicated(kTag, 0, group_.c_str(), 0, size), "tagmem_set_replicated");
+    for (int r = 1; r < size; ++r) {
+      if (kill_at && r == 1) setenv("TAGMEM_EMU_KILL_AT", kill_at, 1);
+      peers_.push_back(std::make_unique<peer_process>("replica", "r"));
+      unsetenv("TAGMEM_EMU_KILL_AT");
+      const std::uint64_t seed = r == 1 && peer_seed ? peer_seed : seed_;
+      peers_.back()->channel().send(std::to_string(seed) + " " + std::to_string(r) + " " +
+                                    std::to_string(size) + " " +
+                                    std::to_string(r == 1 ? peer_count : kCount) + " " + group_);
+      peers_.back()->channel().expect("resident");
+    }
+  }
+  // Every replica offloads at once; returns this process's status.
+  tagmem_status offload_all() {
+    for (auto& p : peers_) p->channel().send("offload");
+    const char* tag = kTag;
+    return tagmem_offload(&tag, 1, 0, TAGMEM_BACKUP);
+  }
+  report answer(int rank) { return parse(peers_[rank - 1]->channel().receive()); }
+  void expect_reload_intact() {
+    const char* tag = kTag;
+    check(tagmem_reload(&tag, 1, 0), "reload");
+    EXPECT_EQ(corrupted(mine_), 0u);
+    EXPECT_EQ(stats_of(kTag).host_bytes, 0u);
+  }
+  // Every replica's offload is refused, saying `why`; this one's tag is resident and intact.
+  void expect_refused(const char* why) {
+    EXPECT_EQ(offload_all(), TAGMEM_ERROR_INVALID_ARGUMENT);
+    EXPECT_NE(std::string(tagmem_last_error()).find(why), std::string::npos) << tagmem_last_error();
+    EXPECT_EQ(answer(1).status, TAGMEM_ERROR_INVALID_ARGUMENT);
+    EXPECT_EQ(stats_of(kTag).state, TAGMEM_RESIDENT);
+    EXPECT_EQ(corrupted(mine_), 0u);
+  }
+  std::size_t run() const { return 20 * MiB; }  // the one segment the tag maps
+
+  static inline int groups_ = 0;
+  fd_census before_;
+  std::uint64_t seed_ = 0;
+  std::string group_;
+  tag_data mine_;
+  std::vector<std::unique_ptr<peer_process>> peers_;
+};
+
+class ReplicaGroup : public Replica, public ::testing::WithParamInterface<int> {};
+
+TEST_P(ReplicaGroup, EachMovesItsShareAndAllReloadEveryByte) {
+  const int n = GetParam();
+  start(n);
+  check(offload_all(), "offload");
+  std::uint64_t moved = stats_of(kTag).bytes_offloaded;
+  EXPECT_LE(moved, run() / n + n * 64 * 1024) << "rank 0 copied more than its share";
+  EXPECT_EQ(stats_of(kTag).host_bytes, run() + 4096);  // the one copy, with its header
+  for (int r = 1; r < n; ++r) {
+    const report a = answer(r);
+    ASSERT_EQ(a.status, TAGMEM_SUCCESS) << "rank " << r;
+    EXPECT_LE(a.moved, run() / n + n * 64 * 1024) << "rank " << r << " copied more than its share";
+    EXPECT_EQ(a.host, run() + 4096);
+    moved += a.moved;
+  }
+  EXPECT_EQ(moved, run()) << "the shares do not add up to the tag";
+  for (auto& p : peers_) p->channel().send("reload");
+  expect_reload_intact();
+  for (int r = 1; r < n; ++r) EXPECT_EQ(answer(r).bytes, "intact") << "rank " << r;
+  for (auto& p : peers_) p->channel().send("exit");
+  for (auto& p : peers_) EXPECT_EQ(p->wait(), 0);
+  peers_.clear();
+}
+
+INSTANTIATE_TEST_SUITE_P(Sizes, ReplicaGroup, ::testing::Values(2, 3));
+
+TEST_F(Replica, DifferentBytesAreRefusedOnEveryReplica) {
+  start(2, nullptr, seed_ + 1);
+  expect_refused("different bytes");
+}
+
+TEST_F(Replica, DifferentLayoutsAreRefusedOnEveryReplica) {
+  start(2, nullptr, 0, kCount - 1);
+  expect_refused("replicas differ");
+}
+
+// A replica that never offloads: the others' offload fails naming it, their tags resident, and
+// a retry with every replica present succeeds.
+TEST_F(Replica, AMissingReplicaIsNamedAndTheOffloadRetryable) {
+  start(2);
+  setenv("TAGMEM_REPLICA_TIMEOUT_MS", "300", 1);
+  const char* tag = kTag;
+  EXPECT_NE(tagmem_offload(&tag, 1, 0, TAGMEM_BACKUP), TAGMEM_SUCCESS);
+  const std::string why = tagmem_last_error();
+  EXPECT_NE(why.find("1 did not join"), std::string::npos) << why;
+  EXPECT_NE(why.find("replicated tag 'w'"), std::string::npos) << why;
+  EXPECT_EQ(stats_of(kTag).state, TAGMEM_RESIDENT);
+  unsetenv("TAGMEM_REPLICA_TIMEOUT_MS");
+  check(offload_all(), "offload again");
+  EXPECT_EQ(answer(1).status, TAGMEM_SUCCESS);
+  expect_reload_intact();
+}
+
+// Killed while the sample is read or before its share is written: the survivor writes the
+// share itself.
+TEST_F(Replica, KilledBeforeItsShare) {
+  start(2, "cuMemcpyDtoH:65");  // the 64 sampled windows, then the share's first copy
+  check(offload_all(), "offload");
+  EXPECT_EQ(stats_of(kTag).bytes_offloaded, run()) << "the survivor did not write the dead share";
+  EXPECT_EQ(peers_[0]->wait(), 128 + SIGKILL) << "the victim was not killed there";
+  peers_.clear();
+  expect_reload_intact();
+}
+
+// Killed after writing its share, while unmapping its tag.
+TEST_F(Replica, KilledAfterItsShare) {
+  start(2, "cuMemUnmap:1");
+  check(offload_all(), "offload");
+  EXPECT_LE(stats_of(kTag).bytes_offloaded, run() / 2 + 64 * 1024);
+  EXPECT_EQ(peers_[0]->wait(), 128 + SIGKILL) << "the victim was not killed there";
+  peers_.clear();
+  expect_reload_intact();
+}
+
+// Killed once the offload is over (before its reload): the survivor's copy is whole.
+TEST_F(Replica, KilledAfterTheOffload) {
+  start(2);
+  check(offload_all(), "offload");
+  EXPECT_EQ(answer(1).status, TAGMEM_SUCCESS);
+  peers_[0]->kill_now();
+  peers_.clear();
+  expect_reload_intact();
+}
+
+// Killed in the middle of its own reload.
+TEST_F(Replica, KilledDuringItsReload) {
+  start(2, "cuMemcpyHtoD:4");  // kCount copies filled the tag, the reload's is the next
+  check(offload_all(), "offload");
+  EXPECT_EQ(answer(1).status, TAGMEM_SUCCESS);
+  peers_[0]->channel().send("reload");
+  EXPECT_EQ(peers_[0]->wait(), 128 + SIGKILL) << "the victim was not killed there";
+  peers_.clear();
+  expect_reload_intact();
+}
+
+}  // namespace
+}  // namespace tagmem::handoff_test
