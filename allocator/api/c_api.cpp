@@ -355,7 +355,10 @@ tagmem_status tagmem_host_reserve(size_t bytes, int wait) {
 }
 
 tagmem_status tagmem_host_trim(size_t keep_bytes) {
-  return guarded([&](registry& r) { r.store().trim(keep_bytes); });
+  return guarded([&](registry& r) {
+    r.drop_spare_copies();
+    r.store().trim(keep_bytes);
+  });
 }
 
 tagmem_status tagmem_tag_stats_get_sized(const char* tag, int device, tagmem_tag_stats* out,

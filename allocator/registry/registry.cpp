@@ -219,6 +219,15 @@ meta_vector<tag*> registry::tags(int ordinal) {
   return out;
 }
 
+void registry::drop_spare_copies() {
+  for (int i = 0; i < device_count_; ++i) {
+    for (tag* t : tags(i)) {
+      std::lock_guard lock(t->mutex());
+      drop_spare_copy(*t);
+    }
+  }
+}
+
 void* registry::allocate(std::size_t size, const char* name, int ordinal, CUstream stream) {
   TAGMEM_EXPECTS(size > 0, TAGMEM_ERROR_INVALID_ARGUMENT, "allocation of 0 bytes");
   device& d = dev(ordinal);

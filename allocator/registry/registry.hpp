@@ -49,6 +49,9 @@ class registry {
   tag* find(int ordinal, const char* name);
   tag& get(int ordinal, const char* name);  // throws UNKNOWN_TAG
   meta_vector<tag*> tags(int ordinal);
+  // Gives back the shared host copies that resident replicated tags keep for their next offload
+  // (Note [shared copy reuse] in replica/replica_tier.hpp).
+  void drop_spare_copies();
 
   // Operations that span tags.
   void* allocate(std::size_t size, const char* name, int ordinal, CUstream stream);

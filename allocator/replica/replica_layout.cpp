@@ -47,7 +47,8 @@ replica_layout layout_of(tag& t, std::uint64_t seed) {
 
 std::string encode_layout(const replica_layout& l) {
   peers::wire_writer w;
-  w.u64(l.bytes).u64(l.allocations).u64(l.allocated_bytes).u64(l.seed);
+  w.u64(l.bytes).u64(l.allocations).u64(l.allocated_bytes).u64(l.seed).u64(l.spare);
+  w.u32(l.generation);
   w.u32(static_cast<std::uint32_t>(l.runs.size()));
   for (std::uint64_t r : l.runs) w.u64(r);
   return w.take();
@@ -60,6 +61,8 @@ replica_layout decode_layout(const std::string& payload) {
   l.allocations = r.u64();
   l.allocated_bytes = r.u64();
   l.seed = r.u64();
+  l.spare = r.u64();
+  l.generation = r.u32();
   l.runs.resize(r.count(sizeof(std::uint64_t)));
   for (std::uint64_t& x : l.runs) x = r.u64();
   r.finish();

@@ -27,7 +27,9 @@ struct replica_layout {
   std::uint64_t bytes = 0;          // their sum
   std::uint64_t allocations = 0;
   std::uint64_t allocated_bytes = 0;
-  std::uint64_t seed = 0;  // rank 0's seed for the sample (not compared)
+  std::uint64_t seed = 0;   // rank 0's seed for the sample (not compared)
+  std::uint64_t spare = 0;  // the token of the shared copy this replica kept, else 0 (not compared)
+  std::uint32_t generation = 0;  // of that copy
 
   bool same_as(const replica_layout& o) const {
     return runs == o.runs && allocations == o.allocations && allocated_bytes == o.allocated_bytes;

@@ -3,6 +3,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <memory>
 #include <optional>
 #include <random>
@@ -29,11 +30,11 @@ std::size_t share_begin(std::size_t bytes, int k, int n) {
   return step * static_cast<std::size_t>(k);
 }
 
-std::size_t copy_share(device& dev, tag& t, shared_buffer& b, int k) {
+std::size_t copy_share(device& dev, tag& t, shared_buffer& b, int k, std::uint32_t generation) {
   const std::size_t lo = share_begin(b.bytes(), k, b.shares());
   const std::size_t hi = share_begin(b.bytes(), k + 1, b.shares());
   copy_to_host(dev, t, lo, hi, b.data() + lo);
-  b.mark_written(k);
+  b.mark_written(k, generation);
   return hi - lo;
 }
 
@@ -95,11 +96,14 @@ std::string who(const tag& t, const replication_spec& s) {
   return "replicated tag '" + std::string(t.name()) + "' (group '" + s.group + "')";
 }
 
-// Steps 1 and 2: the check, then the shared copy in every replica (or an exception in all).
-std::unique_ptr<shared_buffer> meet(device& dev, tag& t, const replication_spec& s,
-                                    replicas& group) {
-  const std::uint64_t seed = s.rank == 0 ? std::random_device{}() : 0;
-  const replica_layout mine = layout_of(t, seed);
+// Step 1: the replicas' layouts and sampled bytes agree, or every replica throws.
+std::vector<replica_layout> compare(device& dev, tag& t, const replication& rep, replicas& group) {
+  const std::uint64_t seed = rep.spec.rank == 0 ? std::random_device{}() : 0;
+  replica_layout mine = layout_of(t, seed);
+  if (rep.spare && rep.spare->bytes() == mine.bytes && rep.spare->shares() == rep.spec.size) {
+    mine.spare = rep.spare->token();
+    mine.generation = rep.generation;
+  }
   std::vector<replica_layout> all;
   for (const std::string& b : group.all_gather(encode_layout(mine), "comparing replicas")) {
     all.push_back(decode_layout(b));
@@ -116,12 +120,30 @@ std::unique_ptr<shared_buffer> meet(device& dev, tag& t, const replication_spec&
   const std::vector<std::string> sums = group.all_gather(w.take(), "comparing replicas' bytes");
   for (std::size_t r = 1; r < sums.size(); ++r) {
     TAGMEM_EXPECTS(sums[r] == sums[0], TAGMEM_ERROR_INVALID_ARGUMENT,
-                   "the replicas of " + who(t, s) +
-                       " hold different bytes: the sampled "
-                       "checksum of " +
+                   "its replicas hold different bytes: the sampled checksum of " +
                        group.describe(static_cast<int>(r)) + " differs from " + group.describe(0) +
                        "'s");
   }
+  return all;
+}
+
+// Step 2: the shared copy in every replica, and the generation of this offload through it (or an
+// exception in all). Note [shared copy reuse]: when every replica kept the same copy, it is used
+// again, one generation on; else every kept copy goes and rank 0 makes a new one.
+std::unique_ptr<shared_buffer> share(device& dev, tag& t, replication& rep, replicas& group,
+                                     const std::vector<replica_layout>& all,
+                                     std::uint32_t& generation) {
+  const replication_spec& s = rep.spec;
+  bool reuse = all[0].spare != 0;
+  generation = 0;
+  for (const replica_layout& l : all) {
+    reuse = reuse && l.spare == all[0].spare;
+    generation = std::max(generation, l.generation);
+  }
+  ++generation;
+  if (reuse) return std::move(rep.spare);
+  rep.spare.reset();  // its memory goes before the new copy's is taken
+  generation = 1;
   const std::uint64_t identity = replica_identity(s, t.name());
   std::unique_ptr<shared_buffer> copy;
   std::exception_ptr failed;
@@ -165,18 +187,19 @@ void offload_replicated(device& dev, tag& t, host_store& store, const config& cf
     TAGMEM_CU(cuCtxSynchronize, dev.context());  // Note [offload waits]
   }
   std::unique_ptr<shared_buffer> copy;
+  std::uint32_t generation = 0;
   std::size_t moved = 0;
   {
     std::optional<replicas> group;
     try {
       group.emplace(s, t.name(), timeout_ms);
-      copy = meet(dev, t, s, *group);
+      copy = share(dev, t, rep, *group, compare(dev, t, rep, *group), generation);
     } catch (const error& e) {  // every tag untouched: say which one
       throw error(e.code(), "offloading " + who(t, s) + ": " + e.what());
     }
     std::exception_ptr own;  // step 3: this replica's share
     try {
-      moved += copy_share(dev, t, *copy, s.rank);
+      moved += copy_share(dev, t, *copy, s.rank, generation);
     } catch (...) {
       own = std::current_exception();
     }
@@ -188,8 +211,8 @@ void offload_replicated(device& dev, tag& t, host_store& store, const config& cf
   }
   int filled = 0;
   for (int k = 0; k < s.size; ++k) {
-    if (copy->written(k)) continue;
-    moved += copy_share(dev, t, *copy, k);
+    if (copy->written(k, generation)) continue;
+    moved += copy_share(dev, t, *copy, k, generation);
     ++filled;
   }
   if (filled && logging(log_level::info)) {
@@ -201,11 +224,13 @@ void offload_replicated(device& dev, tag& t, host_store& store, const config& cf
   } catch (...) {
     if (t.offloaded()) {  // partial: the shared copy holds what was unmapped
       rep.copy = std::move(copy);
+      rep.generation = generation;
       t.set_offload_mode(TAGMEM_BACKUP);
     }
     throw;
   }
   rep.copy = std::move(copy);
+  rep.generation = generation;
   t.counters().bytes_offloaded += moved;
   t.set_offloaded(TAGMEM_BACKUP);
 }
@@ -215,7 +240,7 @@ void reload_replicated(device& dev, tag& t, host_store& store, const config& cfg
   tag* self = &t;
   shared_buffer& b = *rep.copy;
   for (int k = 0; k < b.shares(); ++k) {
-    TAGMEM_EXPECTS(b.written(k), TAGMEM_ERROR_PEER,
+    TAGMEM_EXPECTS(b.written(k, rep.generation), TAGMEM_ERROR_PEER,
                    "the shared host copy of " + who(t, rep.spec) + " lacks the share of rank " +
                        std::to_string(k) + " (pid " + std::to_string(b.pid_of(k)) +
                        "), which never wrote it; the tag stays offloaded");
@@ -241,7 +266,7 @@ void reload_replicated(device& dev, tag& t, host_store& store, const config& cfg
     throw;
   }
   t.counters().bytes_reloaded += b.bytes();
-  rep.copy.reset();
+  rep.spare = std::move(rep.copy);  // Note [shared copy reuse]
 }
 
 }  // namespace tagmem

@@ -17,6 +17,13 @@
 //  5. each unmaps its tag through the pipeline as DISCARD (the disk tier's way, Note [disk tier])
 //     and keeps the shared copy with the tag. The memory of the shared copy goes once the last
 //     replica holding it reloads, clears it or exits.
+// Note [shared copy reuse]: a reload keeps the shared copy (not counted in the tag's host_bytes),
+// as the host store keeps what it pinned, so that the next offload need not fault in and register
+// the memory again: when every replica still holds the same copy (its header's random token, in
+// step 1's exchange), they use it again. Shares are marked with the offload's generation, one
+// more than the copy's last, so a share written by an earlier offload never passes for this one's.
+// The copy goes at tagmem_host_trim, when the tag's replication is cleared or the tag goes, and
+// when the replicas do not all hold it (a replica restarted).
 // A replica that never comes makes the others' step 1 fail with TIMEOUT naming it, their tags
 // resident, and a retry starts over. Reload needs no other replica: each copies the whole shared
 // copy to its own device, after checking that every share is marked written (a share that is

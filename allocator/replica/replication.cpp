@@ -57,6 +57,14 @@ bool holds_shared_copy(tag& t) noexcept {
   return r != nullptr && r->copy != nullptr;
 }
 
+std::size_t drop_spare_copy(tag& t) noexcept {
+  replication* r = replication_of(t);
+  if (r == nullptr || r->spare == nullptr) return 0;
+  const std::size_t n = r->spare->mapped_bytes();
+  r->spare.reset();
+  return n;
+}
+
 std::string replica_session_name(const std::string& group, const char* tag_name) {
   return group + "." + peers::hash_hex(tag_name);
 }

@@ -29,7 +29,10 @@ class replication : public tag_attachment {
   std::size_t host_bytes() const noexcept override { return copy ? copy->mapped_bytes() : 0; }
 
   replication_spec spec;
-  std::unique_ptr<shared_buffer> copy;  // while the tag is offloaded through it
+  std::unique_ptr<shared_buffer> copy;   // while the tag is offloaded through it
+  std::unique_ptr<shared_buffer> spare;  // after a reload: kept for the next offload (Note
+                                         // [shared copy reuse] in replica_tier.hpp)
+  std::uint32_t generation = 0;          // of `copy` or `spare`: the last offload through it
 };
 
 // Makes the tag replicated in `group` as `rank` of `size`, or not replicated when group is
@@ -42,6 +45,10 @@ replication* replication_of(tag& t) noexcept;
 
 // Whether the tag is offloaded through a shared host copy (its reload is reload_replicated).
 bool holds_shared_copy(tag& t) noexcept;
+
+// Gives back the shared copy a resident replicated tag keeps for its next offload; returns its
+// bytes (0 when it kept none).
+std::size_t drop_spare_copy(tag& t) noexcept;
 
 // The name of the group session that offloads tag `tag_name` of replication group `group`.
 std::string replica_session_name(const std::string& group, const char* tag_name);

@@ -5,9 +5,10 @@
 // mapping. Each replica maps it MAP_SHARED and registers the mapping with the driver
 // (cuMemHostRegister), so that copies to and from it are DMA at the link's rate like those of
 // the pinned host store. The first page is a header: a magic number, the identity of what it
-// holds (a hash of the job, the group and the tag), the bytes, the number of shares and, per
-// share, the pid of the process that was that rank and a flag set once the share's bytes are
-// written. The bytes follow the header page.
+// holds (a hash of the job, the group and the tag), a random token that tells this copy from any
+// other, the bytes, the number of shares and, per share, the pid of the process that was that
+// rank and the generation (the offload, counted from 1 on this copy) whose bytes it holds, set
+// once they are written. The bytes follow the header page.
 //
 // Rank 0 makes it; the others adopt the descriptor it sends them through the group session
 // (peers/group.hpp), which has checked the sender's user, job and process. Adopting checks what
@@ -50,8 +51,10 @@ class shared_buffer {
   std::size_t mapped_bytes() const noexcept { return kHeaderBytes + bytes_; }
   int shares() const noexcept { return shares_; }
 
-  bool written(int share) const noexcept;
-  void mark_written(int share) noexcept;  // after the share's bytes are in data()
+  std::uint64_t token() const noexcept;
+  // Whether share `share` holds the bytes of offload `generation`.
+  bool written(int share, std::uint32_t generation) const noexcept;
+  void mark_written(int share, std::uint32_t generation) noexcept;  // once its bytes are in data()
   pid_t pid_of(int share) const noexcept;
   void set_pid(int share, pid_t pid) noexcept;
 
@@ -60,7 +63,8 @@ class shared_buffer {
  private:
   shared_buffer(device& dev, int fd, std::size_t bytes, int shares)
       : dev_(dev), fd_(fd), bytes_(bytes), shares_(shares) {}
-  void map_and_register();  // throws; the destructor undoes what was done
+  // Throws; the destructor undoes what was done. `fault_in`: the maker touches the pages first.
+  void map_and_register(bool fault_in);
   struct header;
   header& head() const noexcept;
 

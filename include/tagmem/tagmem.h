@@ -336,7 +336,9 @@ TAGMEM_API tagmem_status tagmem_release_physical(int device);
  * none), DRIVER (only when wait != 0). */
 TAGMEM_API tagmem_status tagmem_host_reserve(size_t bytes, int wait);
 
-/* Unpins and frees host store memory that holds no backup, keeping at least `keep_bytes`.
+/* Unpins and frees host store memory that holds no backup, keeping at least `keep_bytes`, and
+ * gives back the shared host copies that resident replicated tags keep for their next offload
+ * (tagmem_set_replicated).
  * Errors: DRIVER if a slab cannot be unpinned; that slab stays pinned and usable, the others
  * are freed. */
 TAGMEM_API tagmem_status tagmem_host_trim(size_t keep_bytes);

@@ -8,10 +8,12 @@
 #include <unistd.h>
 
 #include <csignal>
+#include <cstring>
 #include <memory>
 #include <random>
 #include <sstream>
 
+#include "driver/driver.hpp"
 #include "emu_controls.hpp"
 #include "harness.hpp"
 #include "peer.hpp"
@@ -33,6 +35,21 @@ tagmem_tag_stats stats_of(const char* tag) {
   return s;
 }
 
+// New random bytes from `seed` in every allocation of `d`, the same in every replica.
+void refill(tag_data& d, std::uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  primary_context();
+  for (std::size_t i = 0; i < d.ptrs.size(); ++i) {
+    for (std::size_t j = 0; j + 8 <= d.bytes[i].size(); j += 8) {
+      const std::uint64_t x = rng();
+      std::memcpy(&d.bytes[i][j], &x, 8);
+    }
+    driver::check(driver::api().cuMemcpyHtoD(reinterpret_cast<CUdeviceptr>(d.ptrs[i]),
+                                             d.bytes[i].data(), d.bytes[i].size()),
+                  "cuMemcpyHtoD");
+  }
+}
+
 // A replica: fills the tag from the seed it is sent, offloads and reloads when told, reporting
 // each outcome ("<status> <bytes this process copied out> <host bytes>").
 TAGMEM_PEER_SCENARIO(replica) {
@@ -49,6 +66,11 @@ TAGMEM_PEER_SCENARIO(replica) {
   for (;;) {
     const std::string cmd = args.channel.receive();
     if (cmd == "exit") break;
+    if (cmd.rfind("refill ", 0) == 0) {
+      refill(w, std::stoull(cmd.substr(7)));
+      args.channel.send("refilled");
+      continue;
+    }
     const char* tag = kTag;
     const tagmem_status st =
         cmd == "offload" ? tagmem_offload(&tag, 1, 0, TAGMEM_BACKUP) : tagmem_reload(&tag, 1, 0);
@@ -217,6 +239,52 @@ TEST_F(Replica, KilledAfterItsShare) {
   start(2, "cuMemUnmap:1");
   check(offload_all(), "offload");
   EXPECT_LE(stats_of(kTag).bytes_offloaded, run() / 2 + 64 * 1024);
+  EXPECT_EQ(peers_[0]->wait(), 128 + SIGKILL) << "the victim was not killed there";
+  peers_.clear();
+  expect_reload_intact();
+}
+
+// The second offload uses the copy the first one's reload kept (the fds and mappings do not grow)
+// with new bytes in every replica; tagmem_host_trim gives it back.
+TEST_F(Replica, TheCopyIsKeptForTheNextOffloadAndTrimmed) {
+  start(2);
+  for (int cycle = 1; cycle <= 2; ++cycle) {
+    if (cycle == 2) {
+      const std::uint64_t seed = seed_ + 7;
+      peers_[0]->channel().send("refill " + std::to_string(seed));
+      refill(mine_, seed);
+      peers_[0]->channel().expect("refilled");
+    }
+    check(offload_all(), "offload");
+    EXPECT_EQ(answer(1).status, TAGMEM_SUCCESS);
+    peers_[0]->channel().send("reload");
+    expect_reload_intact();
+    EXPECT_EQ(answer(1).bytes, "intact");
+    EXPECT_EQ(take_fd_census().shared_copies, before_.shared_copies + 2)  // its fd and mapping
+        << "cycle " << cycle;
+  }
+  EXPECT_EQ(stats_of(kTag).bytes_offloaded, 2 * (run() / 2)) << "not one share each cycle";
+  check(tagmem_host_trim(0), "tagmem_host_trim");
+  EXPECT_EQ(take_fd_census().shared_copies, before_.shared_copies);
+}
+
+// Killed before its share in the second offload, through the copy the first one kept: the
+// survivor sees that share holds only the first offload's bytes and writes it itself.
+TEST_F(Replica, KilledBeforeItsShareOnAKeptCopy) {
+  // Cycle 1: 64 samples, its share, 3 reads checking its reload; cycle 2: 64 samples, then this.
+  start(2, "cuMemcpyDtoH:133");
+  check(offload_all(), "offload");
+  EXPECT_EQ(answer(1).status, TAGMEM_SUCCESS);
+  peers_[0]->channel().send("reload");
+  expect_reload_intact();
+  EXPECT_EQ(answer(1).bytes, "intact");
+  const std::uint64_t seed = seed_ + 9;  // new bytes: a stale share would not match them
+  peers_[0]->channel().send("refill " + std::to_string(seed));
+  refill(mine_, seed);
+  peers_[0]->channel().expect("refilled");
+  const std::uint64_t moved = stats_of(kTag).bytes_offloaded;
+  check(offload_all(), "offload on the kept copy");
+  EXPECT_EQ(stats_of(kTag).bytes_offloaded - moved, run()) << "the dead share was not written";
   EXPECT_EQ(peers_[0]->wait(), 128 + SIGKILL) << "the victim was not killed there";
   peers_.clear();
   expect_reload_intact();
