@@ -7,8 +7,10 @@ bytes are written and read back through driver copies (device_io.py) and compare
 import os
 import re
 import signal
+import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 
@@ -500,3 +502,67 @@ def test_the_plain_api_example_of_docs_torch_md_runs_as_written():
     exec(compile(code, "docs/torch.md", "exec"), {})
     assert tagmem.state("weights") == "offloaded_backup"
     assert tagmem.state("kv_cache") == "offloaded_discard"
+
+
+# ---- replicated tags (docs/replicated.md) -----------------------------------------------------
+
+_REPLICA = r"""
+import os, random, sys
+sys.path.insert(0, os.path.dirname(sys.argv[1]))
+import tagmem
+from device_io import DeviceIO
+seed, rank, size = int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+io, rng = DeviceIO(0), random.Random(seed)
+sizes = [3 << 20, 1000, 5 << 20]
+pointers = [tagmem.raw_alloc(n, tag="rep") for n in sizes]
+data = [rng.randbytes(n) for n in sizes]
+for p, d in zip(pointers, data):
+    io.write(p, d)
+tagmem.set_replicated("rep", "py", rank=rank, size=size)
+tagmem.offload("rep")
+moved = tagmem.stats("rep")["bytes_offloaded"]
+tagmem.reload("rep")
+intact = all(io.read(p, len(d)) == d for p, d in zip(pointers, data))
+print(moved, tagmem.stats("rep")["mapped_bytes"], intact)
+"""
+
+
+@pytest.fixture
+def replica_env(monkeypatch):
+    """One job and one private meeting directory for this test's replicas (short: socket paths
+    are limited)."""
+    peer_dir = tempfile.mkdtemp(prefix="tm-")  # mode 0700
+    monkeypatch.setenv("TAGMEM_JOB", f"py-replicas-{os.path.basename(peer_dir)}")
+    monkeypatch.setenv("TAGMEM_PEER_DIR", peer_dir)
+    yield
+    shutil.rmtree(peer_dir, ignore_errors=True)
+
+
+def test_replicated_tag_each_process_moves_its_share_and_reloads_every_byte(rng, replica_env):
+    seed, n = rng.randrange(1 << 32), 2
+    script = [sys.executable, "-c", _REPLICA, __file__, str(seed)]
+    replicas = [subprocess.Popen(script + [str(r), str(n)], stdout=subprocess.PIPE, text=True)
+                for r in range(n)]
+    reports = [p.communicate(timeout=120)[0].split() for p in replicas]
+    assert [p.returncode for p in replicas] == [0] * n
+    moved = [int(r[0]) for r in reports]
+    mapped = int(reports[0][1])
+    assert all(r[2] == "True" for r in reports), reports
+    assert sum(moved) == mapped  # the shares add up to the tag, each process moved about half
+    assert all(m <= mapped // n + n * (64 << 10) for m in moved), reports
+
+
+def test_replicated_tag_settings_are_checked(replica_env):
+    tagmem.raw_alloc(1000, tag="rep")
+    with pytest.raises(tagmem.InvalidArgumentError, match="rank 2"):
+        tagmem.set_replicated("rep", "g", rank=2, size=2)
+    with pytest.raises(tagmem.InvalidArgumentError, match="group name"):
+        tagmem.set_replicated("rep", "no spaces", rank=0, size=2)
+    with pytest.raises(tagmem.InvalidArgumentError):
+        tagmem.set_replicated("rep", "g", rank=0, size=True)
+    with pytest.raises(tagmem.UnknownTagError):
+        tagmem.set_replicated("no-such-tag", "g", rank=0, size=2)
+    tagmem.set_replicated("rep", "g", rank=0, size=2)
+    tagmem.set_replicated("rep", None)  # plain again: the offload needs no replica
+    tagmem.offload("rep")
+    tagmem.reload("rep")

@@ -220,3 +220,24 @@ def test_nested_tags_route_to_the_innermost():
         c = torch.empty(1000, device="cuda")
     d = torch.empty(1000, device="cuda")
     assert [owner(t) for t in (a, b, c, d)] == ["mp_outer", "mp_inner", "mp_outer", None]
+
+
+def test_replicated_tag_of_one_round_trips_through_its_shared_copy(monkeypatch):
+    """tagmem.torch.set_replicated: a group of one writes the whole tag to its shared host copy
+    (docs/replicated.md; the multi-process cases are in test_api.py and the handoff tests)."""
+    monkeypatch.setenv("TAGMEM_JOB", "py-gpu-replica-one")
+    torch.manual_seed(3)
+    with tt.tag("mp_replica"):
+        x = torch.randn(3 << 20, device="cuda")
+    before = snapshot([x])
+    mapped = tt.stats("mp_replica")["mapped_bytes"]
+    tt.set_replicated("mp_replica", "one", rank=0, size=1)
+    tt.offload("mp_replica")
+    s = tt.stats("mp_replica")
+    assert s["state"] == "offloaded_backup"
+    assert s["bytes_offloaded"] == mapped  # a group of one copies every share itself
+    assert s["host_bytes"] > mapped  # the shared copy and its header page
+    tt.reload("mp_replica")
+    assert_unchanged([x], before)
+    assert tt.stats("mp_replica")["host_bytes"] == 0
+    tt.set_replicated("mp_replica", None)

@@ -467,6 +467,23 @@ def set_keep_backup(name, keep=True, device=None):
     _errors.check(_lib.lib().tagmem_set_keep_backup(_name(name), _device(device), 1 if keep else 0))
 
 
+def set_replicated(name, group, rank=None, size=None, device=None):
+    """Makes tag `name` a replicated tag (tagmem_set_replicated, docs/replicated.md): the processes
+    of this job that name the same tag and `group`, each with its own `rank` of `size`, hold the
+    same bytes in the same layout, and its BACKUP offloads keep one host copy for all of them,
+    each replica copying only its share. Every replica must offload it (the offload waits for
+    them). `group=None` makes the tag plain again. Raises InvalidArgumentError for a bad group,
+    rank or size, UnknownTagError for a tag that does not exist, TagOffloadedError while the tag
+    is offloaded through the shared copy."""
+    if group is None:
+        _errors.check(_lib.lib().tagmem_set_replicated(_name(name), _device(device), None, 0, 0))
+        return
+    rank, size = _args.int32(rank, "rank"), _args.int32(size, "size")
+    _errors.check(
+        _lib.lib().tagmem_set_replicated(_name(name), _device(device), _name(group), rank, size)
+    )
+
+
 # ---- free-memory margin -------------------------------------------------------------------------
 
 

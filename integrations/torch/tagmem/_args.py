@@ -38,6 +38,14 @@ def size(value, what="size"):
     return n
 
 
+def int32(value, what):
+    """`value` as a C int: an integer in [INT_MIN, INT_MAX] (the C ABI checks its range)."""
+    n = _integer(value, what)
+    if not -INT_MAX - 1 <= n <= INT_MAX:
+        raise _refuse(f"{what} {n} is out of range for a C int")
+    return n
+
+
 def device(value):
     """A device for the C ABI: None is the current device, else an ordinal in [0, INT_MAX]."""
     if value is None:

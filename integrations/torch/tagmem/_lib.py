@@ -195,6 +195,10 @@ _PROTOTYPES = {
         [_VOIDP, ctypes.c_int, ctypes.POINTER(_VOIDP), ctypes.POINTER(_SIZE)],
     ),
     "tagmem_set_keep_backup": (_STATUS, [ctypes.c_char_p, ctypes.c_int, ctypes.c_int]),
+    "tagmem_set_replicated": (
+        _STATUS,
+        [ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_int],
+    ),
     "tagmem_set_disk_dir": (_STATUS, [ctypes.c_char_p]),
     "tagmem_set_disk_file_bytes": (_STATUS, [ctypes.c_size_t]),
     "tagmem_set_memory_margin": (None, [_SIZE]),

@@ -45,6 +45,13 @@ def swap(out_tags, in_tags, mode=BACKUP, device=None):
     _api.swap(out_tags, in_tags, mode, device_index(device))
 
 
+def set_replicated(name, group, rank=None, size=None, device=None):
+    """tagmem.set_replicated on `device` (default: the current CUDA device): the tag's BACKUP
+    offloads keep one host copy shared by its replicas, `rank` of `size` in `group` within the
+    job, each copying its share (docs/replicated.md). `group=None` makes it plain again."""
+    _api.set_replicated(name, group, rank, size, device_index(device))
+
+
 def resident(*names, mode=None, device=None):
     """tagmem.resident on `device` (default: the current CUDA device): reload on entry, offload
     on exit (each tag in `mode`, one for all or a dict per tag, else in the mode it was offloaded
@@ -138,6 +145,7 @@ __all__ = [
     "pool",
     "reload",
     "resident",
+    "set_replicated",
     "state",
     "stats",
     "swap",
