@@ -4,7 +4,7 @@
 // verification or any call failed.
 //
 //   tagmem_bench_offload [--scenarios=raw,weights,weights_prepinned,many_small,kv,swap,swap_tight,
-//                                     rl_cycle,rl_two_process,disk]
+//                                     rl_cycle,rl_two_process,disk,replicated]
 //                        [--scale=1] [--cycles=5] [--swap-cycles=3] [--small-count=10240]
 //                        [--kv-bytes=60G] [--link-bytes=4G] [--tsv=results.tsv]
 //                        [--link=H2D,D2H,BIDIR]
@@ -13,6 +13,11 @@
 //                        [--rl-discard-sweep=1G,2G,4G,8G]
 //                        [--rl-two-variants=default,handoff,overlap,overlap_early]
 //                        [--rl-two-shapes=roomy,tight]
+//                        [--replica-gpus=1|2]
+//
+// disk and replicated run only when asked for. replicated (scenario_replicated.cpp): two
+// processes holding the same replicated tag of 16 GiB x --scale, on device 0 or, with
+// --replica-gpus=2, on a GPU each, beside a plain BACKUP offload of the same tag in the same run.
 //
 // --rl-variants serves both RL scenarios: each takes the names it knows ("default" is both's),
 // and one that finds none of its own there runs its default list; --rl-two-variants, the older
@@ -66,7 +71,7 @@ int main(int argc, char** argv) {
   args a(argc, argv,
          {"scenarios", "scale", "cycles", "swap-cycles", "small-count", "kv-bytes", "link-bytes",
           "tsv", "link", "rl-variants", "rl-discard-sweep", "rl-role", "rl-two-variants",
-          "rl-two-shapes"});
+          "rl-two-shapes", "replica-role", "replica-gpus"});
   if (!a.ok()) {
     std::fprintf(stderr, "tagmem_bench_offload: %s\n", a.error().c_str());
     return 2;
@@ -109,6 +114,11 @@ int main(int argc, char** argv) {
       env e{opt, out, pat, {}, true};
       return run_rl_role(e, role);
     }
+    if (const std::string replica = a.str("replica-role", ""); !replica.empty()) {
+      pattern pat(pattern_size(opt), 0x7a6d656d);  // a child of replicated
+      env e{opt, out, pat, {}, true};
+      return run_replica_role(e, replica == "1" ? 1 : 0);
+    }
     std::printf("# tagmem offload benchmark on the %s driver, scale %.4g, %d cycles\n",
                 using_emulator() ? "EMULATED" : "real CUDA", opt.scale, opt.cycles);
     echo_environment();
@@ -141,6 +151,10 @@ int main(int argc, char** argv) {
         {"swap_tight", [&] { run_swap(e, true); }},
         {"rl_cycle", [&] { run_rl_cycle(e); }},
         {"disk", [&] { run_disk(e); }},
+        {"replicated",
+         [&] {
+           run_replicated(e, {"--scale=" + a.str("scale", "1")}, int(a.num("replica-gpus", 1)));
+         }},
         {"rl_two_process",
          [&] {
            run_rl_two_process(

@@ -39,6 +39,7 @@
 #include <stdexcept>
 #include <thread>
 
+#include "children.hpp"
 #include "scenarios.hpp"
 
 namespace tagmem::bench {
@@ -114,78 +115,6 @@ bool verify_side(env& e, side& s, int round) {
   return ok;
 }
 
-// A reply: "ok <seconds> [<a> <b>]" (a, b: the call's ends in ns, or two byte counts).
-struct answer {
-  double seconds = 0;
-  double a = 0, b = 0;
-};
-
-// Sends one command and reads the reply line ("ok ..." or "fail <why>").
-answer ask_full(FILE* to, FILE* from, const char* who, const char* command) {
-  std::fprintf(to, "%s\n", command);
-  std::fflush(to);
-  char line[1024];
-  if (!std::fgets(line, sizeof line, from)) {
-    throw std::runtime_error(std::string(who) + " died during '" + command + "'");
-  }
-  answer r;
-  if (std::sscanf(line, "ok %lf %lf %lf", &r.seconds, &r.a, &r.b) < 1) {
-    throw std::runtime_error(std::string(who) + " '" + command + "': " + line);
-  }
-  return r;
-}
-
-double ask(FILE* to, FILE* from, const char* who, const char* command) {
-  return ask_full(to, from, who, command).seconds;
-}
-
-struct child {
-  const char* who;
-  pid_t pid = -1;
-  FILE* to = nullptr;
-  FILE* from = nullptr;
-};
-
-child spawn(const char* who, const std::vector<std::string>& args) {
-  int cmd[2], rep[2];
-  if (pipe2(cmd, O_CLOEXEC) != 0 || pipe2(rep, O_CLOEXEC) != 0) {
-    throw std::runtime_error("pipe2 failed");
-  }
-  std::vector<char*> argv;
-  for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
-  argv.push_back(nullptr);
-  child c{who};
-  c.pid = fork();
-  if (c.pid < 0) throw std::runtime_error("fork failed");
-  if (c.pid == 0) {  // only async-signal-safe calls until exec
-    // Through fds above 4 first: dup2 onto an fd that is already the source keeps its
-    // close-on-exec flag, and the two targets must not clobber each other's source.
-    const int c_fd = fcntl(cmd[0], F_DUPFD, 10), r_fd = fcntl(rep[1], F_DUPFD, 10);
-    if (c_fd < 0 || r_fd < 0 || dup2(c_fd, 3) < 0 || dup2(r_fd, 4) < 0) _exit(127);
-    execv("/proc/self/exe", argv.data());
-    _exit(127);
-  }
-  close(cmd[0]);
-  close(rep[1]);
-  c.to = fdopen(cmd[1], "w");
-  c.from = fdopen(rep[0], "r");
-  ask(c.to, c.from, who, "ready");
-  return c;
-}
-
-void finish(child& c) {
-  if (c.to) {
-    std::fprintf(c.to, "quit\n");
-    std::fclose(c.to);
-  }
-  if (c.from) std::fclose(c.from);
-  int status = 0;
-  if (c.pid > 0) waitpid(c.pid, &status, 0);
-  if (c.pid > 0 && !(WIFEXITED(status) && WEXITSTATUS(status) == 0)) {
-    throw std::runtime_error(std::string(c.who) + " exited abnormally");
-  }
-}
-
 std::string c1_steady_ms(const std::vector<double>& v) {
   std::vector<double> rest(v.begin() + 1, v.end());
   return fixed(v[0] * 1e3, 1) + " / " + fixed(median(rest) * 1e3, 1);
@@ -202,10 +131,6 @@ int run_rl_role(env& e, const std::string& role) {
   }
   side s;
   int round = 0;
-  auto reply = [&](const std::string& line) {
-    std::fprintf(out, "%s\n", line.c_str());
-    std::fflush(out);
-  };
   try {
     session tm;
     const auto sizes = weights_sizes(e.opt.scale);
@@ -229,32 +154,17 @@ int run_rl_role(env& e, const std::string& role) {
       s.data.push_back(std::make_unique<dataset>("trainer_optim", sizes));
       s.data.back()->fill(e.pat, 22);
     }
-    char line[256];
-    while (std::fgets(line, sizeof line, in)) {
-      std::string cmd(line, strcspn(line, "\n"));
-      if (cmd == "quit") break;
-      try {
-        if (cmd == "ready") {
-          reply("ok 0");
-        } else if (cmd == "pause") {
-          reply(pause(s));
-        } else if (cmd == "resume") {
-          reply(resume(s));
-        } else if (cmd == "handoff") {
-          reply(handoff_reply());
-        } else if (cmd == "verify") {
-          reply(verify_side(e, s, ++round) ? "ok 0" : "fail bytes differ");
-        } else {
-          reply("fail unknown command " + cmd);
-        }
-      } catch (const std::exception& ex) {
-        reply(std::string("fail ") + ex.what());
-      }
-    }
+    serve(in, out, [&](const std::string& cmd) -> std::string {
+      if (cmd == "pause") return pause(s);
+      if (cmd == "resume") return resume(s);
+      if (cmd == "handoff") return handoff_reply();
+      if (cmd == "verify") return verify_side(e, s, ++round) ? "ok 0" : "fail bytes differ";
+      return {};
+    });
     for (CUdeviceptr p : s.kv) tagmem_free(reinterpret_cast<void*>(p), nullptr);
     s.data.clear();
   } catch (const std::exception& ex) {
-    reply(std::string("fail ") + ex.what());
+    reply_line(out, std::string("fail ") + ex.what());
     return 1;
   }
   return 0;
@@ -268,22 +178,6 @@ struct two_variant {
   bool at_once = false;  // pause and resume called at the same time
   bool early = false;    // TAGMEM_OFFLOAD_RETURN=queued
 };
-
-// Both sides' calls at the same time: the commands go out before either reply is read.
-std::pair<answer, answer> ask_both(child& out, const char* out_cmd, child& in, const char* in_cmd) {
-  std::fprintf(out.to, "%s\n", out_cmd);
-  std::fflush(out.to);
-  const answer b = ask_full(in.to, in.from, in.who, in_cmd);
-  char line[1024];
-  if (!std::fgets(line, sizeof line, out.from)) {
-    throw std::runtime_error(std::string(out.who) + " died during '" + out_cmd + "'");
-  }
-  answer a;
-  if (std::sscanf(line, "ok %lf %lf %lf", &a.seconds, &a.a, &a.b) < 1) {
-    throw std::runtime_error(std::string(out.who) + " '" + out_cmd + "': " + line);
-  }
-  return {a, b};
-}
 
 // Free device memory, sampled every millisecond on a thread of the runner; the minimum.
 class free_sampler {

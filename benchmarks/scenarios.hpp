@@ -63,6 +63,11 @@ void run_rl_two_process(env& e, const std::vector<std::string>& child_args);
 // Whether `name` is a variant of rl_two_process (--rl-variants serves both RL scenarios).
 bool is_rl_two_variant(const std::string& name);
 int run_rl_role(env& e, const std::string& role);
+// Replicated tags (docs/replicated.md): two processes holding the same replicated tag, on device 0
+// or on a GPU each (`gpus` 2), started with --replica-role and `child_args`; run_replica_role is
+// what such a child runs (returns its exit status).
+void run_replicated(env& e, const std::vector<std::string>& child_args, int gpus);
+int run_replica_role(env& e, int rank);
 
 // Fresh tagmem for one scenario (configuration from TAGMEM_* variables).
 class session {
