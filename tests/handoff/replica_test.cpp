@@ -257,6 +257,10 @@ TEST_F(Replica, TheCopyIsKeptForTheNextOffloadAndTrimmed) {
     }
     check(offload_all(), "offload");
     EXPECT_EQ(answer(1).status, TAGMEM_SUCCESS);
+    void* view = nullptr;
+    std::size_t viewed = 0;
+    EXPECT_EQ(tagmem_host_view(mine_.ptrs[0], 0, &view, &viewed), TAGMEM_ERROR_TAG_OFFLOADED)
+        << "host views do not read the shared copy";
     peers_[0]->channel().send("reload");
     expect_reload_intact();
     EXPECT_EQ(answer(1).bytes, "intact");
