@@ -4,6 +4,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
+#include <cstdio>
 #include <memory>
 #include <optional>
 #include <random>
@@ -186,6 +188,15 @@ void offload_replicated(device& dev, tag& t, host_store& store, const config& cf
     context_guard guard(dev.context());
     TAGMEM_CU(cuCtxSynchronize, dev.context());  // Note [offload waits]
   }
+  using clock = std::chrono::steady_clock;
+  auto ms = [](clock::time_point a, clock::time_point b) {
+    char text[32];
+    std::snprintf(text, sizeof text, "%.3f",
+                  std::chrono::duration<double, std::milli>(b - a).count());
+    return std::string(text);
+  };
+  const clock::time_point start = clock::now();
+  clock::time_point met, copied, agreed;
   std::unique_ptr<shared_buffer> copy;
   std::uint32_t generation = 0;
   std::size_t moved = 0;
@@ -197,16 +208,19 @@ void offload_replicated(device& dev, tag& t, host_store& store, const config& cf
     } catch (const error& e) {  // every tag untouched: say which one
       throw error(e.code(), "offloading " + who(t, s) + ": " + e.what());
     }
+    met = clock::now();
     std::exception_ptr own;  // step 3: this replica's share
     try {
       moved += copy_share(dev, t, *copy, s.rank, generation);
     } catch (...) {
       own = std::current_exception();
     }
+    copied = clock::now();
     try {  // step 4: the others', bounded; a replica gone or late is covered below
       group->agree(own ? outcome_of(own) : peers::rank_outcome{}, "writing the shares");
     } catch (...) {
     }
+    agreed = clock::now();
     if (own) std::rethrow_exception(own);  // the tag is untouched; the others fill this share
   }
   int filled = 0;
@@ -215,9 +229,12 @@ void offload_replicated(device& dev, tag& t, host_store& store, const config& cf
     moved += copy_share(dev, t, *copy, k, generation);
     ++filled;
   }
-  if (filled && logging(log_level::info)) {
-    log_line("tagmem: " + who(t, s) + ": wrote " + std::to_string(filled) +
-             " share(s) of replicas that did not");
+  if (logging(log_level::info)) {  // the offload's own line follows, from the pipeline
+    log_line(who(t, s) + " rank=" + std::to_string(s.rank) + "/" + std::to_string(s.size) +
+             " generation=" + std::to_string(generation) +
+             " copied_bytes=" + std::to_string(moved) + " filled_shares=" + std::to_string(filled) +
+             " meet_ms=" + ms(start, met) + " share_ms=" + ms(met, copied) +
+             " wait_ms=" + ms(copied, agreed) + " fill_ms=" + ms(agreed, clock::now()));
   }
   try {  // step 5
     offload_tags(dev, &self, 1, TAGMEM_DISCARD, store, cfg);
