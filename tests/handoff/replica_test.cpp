@@ -120,21 +120,26 @@ class Replica : public ::testing::Test {
     EXPECT_EQ(take_fd_census(), before_)
         << describe(take_fd_census()) << " / " << describe(before_);
   }
-  // Rank 0 (this process) and `size - 1` peers, all resident; `kill_at` for rank 1.
+  // This process as rank self_rank_ and `size - 1` peers as the other ranks, in order, all
+  // resident; the first peer (rank 1, or rank 0 when this process is rank 1) is started with
+  // `kill_at` and, when given, its own seed or allocation count.
   void start(int size, const char* kill_at = nullptr, std::uint64_t peer_seed = 0,
              int peer_count = kCount) {
     check(tagmem_init(nullptr), "tagmem_init");
     std::mt19937_64 rng(seed_);
     mine_ = fill_tag(kTag, kCount, kBytes, rng);
-    check(tagmem_set_replicated(kTag, 0, group_.c_str(), 0, size), "tagmem_set_replicated");
-    for (int r = 1; r < size; ++r) {
-      if (kill_at && r == 1) setenv("TAGMEM_EMU_KILL_AT", kill_at, 1);
+    check(tagmem_set_replicated(kTag, 0, group_.c_str(), self_rank_, size),
+          "tagmem_set_replicated");
+    for (int r = 0; r < size; ++r) {
+      if (r == self_rank_) continue;
+      const bool first = peers_.empty();
+      if (kill_at && first) setenv("TAGMEM_EMU_KILL_AT", kill_at, 1);
       peers_.push_back(std::make_unique<peer_process>("replica", "r"));
       unsetenv("TAGMEM_EMU_KILL_AT");
-      const std::uint64_t seed = r == 1 && peer_seed ? peer_seed : seed_;
+      const std::uint64_t seed = first && peer_seed ? peer_seed : seed_;
       peers_.back()->channel().send(std::to_string(seed) + " " + std::to_string(r) + " " +
                                     std::to_string(size) + " " +
-                                    std::to_string(r == 1 ? peer_count : kCount) + " " + group_);
+                                    std::to_string(first ? peer_count : kCount) + " " + group_);
       peers_.back()->channel().expect("resident");
     }
   }
@@ -144,7 +149,8 @@ class Replica : public ::testing::Test {
     const char* tag = kTag;
     return tagmem_offload(&tag, 1, 0, TAGMEM_BACKUP);
   }
-  report answer(int rank) { return parse(peers_[rank - 1]->channel().receive()); }
+  peer_process& peer(int rank) { return *peers_[rank < self_rank_ ? rank : rank - 1]; }
+  report answer(int rank) { return parse(peer(rank).channel().receive()); }
   void expect_reload_intact() {
     const char* tag = kTag;
     check(tagmem_reload(&tag, 1, 0), "reload");
@@ -162,6 +168,7 @@ class Replica : public ::testing::Test {
   std::size_t run() const { return 20 * MiB; }  // the one segment the tag maps
 
   static inline int groups_ = 0;
+  int self_rank_ = 0;
   fd_census before_;
   std::uint64_t seed_ = 0;
   std::string group_;
@@ -232,6 +239,19 @@ TEST_F(Replica, KilledBeforeItsShare) {
   EXPECT_EQ(peers_[0]->wait(), 128 + SIGKILL) << "the victim was not killed there";
   peers_.clear();
   expect_reload_intact();
+}
+
+// Three replicas; rank 0, which made the shared copy and sent it to the others, killed before its
+// share: both survivors still hold the copy and write that share.
+TEST_F(Replica, ThreeReplicasTheCopysMakerKilledBeforeItsShare) {
+  self_rank_ = 1;
+  start(3, "cuMemcpyDtoH:65");
+  check(offload_all(), "offload");
+  EXPECT_EQ(answer(2).status, TAGMEM_SUCCESS);
+  EXPECT_EQ(peer(0).wait(), 128 + SIGKILL) << "rank 0 was not killed there";
+  peer(2).channel().send("reload");
+  expect_reload_intact();
+  EXPECT_EQ(answer(2).bytes, "intact");
 }
 
 // Killed after writing its share, while unmapping its tag.
