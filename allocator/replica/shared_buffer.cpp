@@ -129,7 +129,7 @@ void shared_buffer::map_and_register(bool fault_in) {
       p != MAP_FAILED, TAGMEM_ERROR_HOST_OUT_OF_MEMORY,
       "mapping the host copy of a replicated tag failed: " + std::string(std::strerror(errno)));
   base_ = static_cast<char*>(p);
-  ::madvise(p, mapped_bytes(), MADV_HUGEPAGE);  // where shared memory may use huge pages
+  ::madvise(p, mapped_bytes(), MADV_HUGEPAGE);             // where shared memory may use huge pages
   if (fault_in) fault_in_parallel(base_, mapped_bytes());  // Note [shared copy fault-in]
   context_guard guard(dev_.context());
   TAGMEM_CU(cuMemHostRegister, p, mapped_bytes(), 0u);
