@@ -4,6 +4,9 @@
 #include <algorithm>
 
 #include "base/checksum.hpp"
+#include "base/error.hpp"
+#include "driver/context_guard.hpp"
+#include "driver/driver.hpp"
 #include "peers/wire.hpp"
 #include "replica/share_copy.hpp"
 
@@ -75,9 +78,13 @@ std::uint64_t sampled_checksum(device& dev, tag& t, std::uint64_t seed) {
   const std::size_t window = std::min(kSampleBytes, bytes);
   std::vector<char> host(window * kSamples);
   std::uint64_t x = seed;
+  context_guard guard(dev.context());
   for (int i = 0; i < kSamples; ++i) {
     const std::size_t at = bytes == window ? 0 : splitmix(x) % (bytes - window + 1);
-    copy_to_host(dev, t, at, at + window, host.data() + i * window);
+    char* into = host.data() + i * window;
+    for_each_part(t, at, at + window, window, [&](CUdeviceptr va, std::size_t from, std::size_t n) {
+      TAGMEM_CU(cuMemcpyDtoH, into + (from - at), va, n);  // a few KiB, to pageable memory
+    });
   }
   return checksum64(host.data(), host.size());
 }

@@ -32,10 +32,11 @@ std::size_t share_begin(std::size_t bytes, int k, int n) {
   return step * static_cast<std::size_t>(k);
 }
 
-std::size_t copy_share(device& dev, tag& t, shared_buffer& b, int k, std::uint32_t generation) {
+std::size_t copy_share(device& dev, tag& t, shared_buffer& b, int k, std::uint32_t generation,
+                       std::size_t piece_bytes) {
   const std::size_t lo = share_begin(b.bytes(), k, b.shares());
   const std::size_t hi = share_begin(b.bytes(), k + 1, b.shares());
-  copy_to_host(dev, t, lo, hi, b.data() + lo);
+  copy_to_host(dev, t, lo, hi, b.data() + lo, piece_bytes);
   b.mark_written(k, generation);
   return hi - lo;
 }
@@ -211,7 +212,7 @@ void offload_replicated(device& dev, tag& t, host_store& store, const config& cf
     met = clock::now();
     std::exception_ptr own;  // step 3: this replica's share
     try {
-      moved += copy_share(dev, t, *copy, s.rank, generation);
+      moved += copy_share(dev, t, *copy, s.rank, generation, cfg.copy_piece_bytes);
     } catch (...) {
       own = std::current_exception();
     }
@@ -226,7 +227,7 @@ void offload_replicated(device& dev, tag& t, host_store& store, const config& cf
   int filled = 0;
   for (int k = 0; k < s.size; ++k) {
     if (copy->written(k, generation)) continue;
-    moved += copy_share(dev, t, *copy, k, generation);
+    moved += copy_share(dev, t, *copy, k, generation, cfg.copy_piece_bytes);
     ++filled;
   }
   if (logging(log_level::info)) {  // the offload's own line follows, from the pipeline
@@ -270,7 +271,7 @@ void reload_replicated(device& dev, tag& t, host_store& store, const config& cfg
     throw;
   }
   try {
-    copy_to_device(dev, t, b.data());
+    copy_to_device(dev, t, b.data(), cfg.copy_piece_bytes);
   } catch (...) {
     // The bytes are not all back: unmap again and keep the shared copy (retryable).
     try {

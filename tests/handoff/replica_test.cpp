@@ -233,7 +233,7 @@ TEST_F(Replica, AMissingReplicaIsNamedAndTheOffloadRetryable) {
 // Killed while the sample is read or before its share is written: the survivor writes the
 // share itself.
 TEST_F(Replica, KilledBeforeItsShare) {
-  start(2, "cuMemcpyDtoH:65");  // the 64 sampled windows, then the share's first copy
+  start(2, "cuMemcpyDtoHAsync:1");  // the share's first copy (the samples are read in sync)
   check(offload_all(), "offload");
   EXPECT_EQ(stats_of(kTag).bytes_offloaded, run()) << "the survivor did not write the dead share";
   EXPECT_EQ(peers_[0]->wait(), 128 + SIGKILL) << "the victim was not killed there";
@@ -245,7 +245,7 @@ TEST_F(Replica, KilledBeforeItsShare) {
 // share: both survivors still hold the copy and write that share.
 TEST_F(Replica, ThreeReplicasTheCopysMakerKilledBeforeItsShare) {
   self_rank_ = 1;
-  start(3, "cuMemcpyDtoH:65");
+  start(3, "cuMemcpyDtoHAsync:1");
   check(offload_all(), "offload");
   EXPECT_EQ(answer(2).status, TAGMEM_SUCCESS);
   EXPECT_EQ(peer(0).wait(), 128 + SIGKILL) << "rank 0 was not killed there";
@@ -295,8 +295,7 @@ TEST_F(Replica, TheCopyIsKeptForTheNextOffloadAndTrimmed) {
 // Killed before its share in the second offload, through the copy the first one kept: the
 // survivor sees that share holds only the first offload's bytes and writes it itself.
 TEST_F(Replica, KilledBeforeItsShareOnAKeptCopy) {
-  // Cycle 1: 64 samples, its share, 3 reads checking its reload; cycle 2: 64 samples, then this.
-  start(2, "cuMemcpyDtoH:133");
+  start(2, "cuMemcpyDtoHAsync:2");  // cycle 1: its share (one piece); cycle 2: this one
   check(offload_all(), "offload");
   EXPECT_EQ(answer(1).status, TAGMEM_SUCCESS);
   peers_[0]->channel().send("reload");
@@ -326,7 +325,7 @@ TEST_F(Replica, KilledAfterTheOffload) {
 
 // Killed in the middle of its own reload.
 TEST_F(Replica, KilledDuringItsReload) {
-  start(2, "cuMemcpyHtoD:4");  // kCount copies filled the tag, the reload's is the next
+  start(2, "cuMemcpyHtoDAsync:1");  // the reload's first copy from the shared copy
   check(offload_all(), "offload");
   EXPECT_EQ(answer(1).status, TAGMEM_SUCCESS);
   peers_[0]->channel().send("reload");
