@@ -92,6 +92,8 @@ peers::rank_outcome outcome_of(const std::exception_ptr& e) {
     return {x.code(), x.what()};
   } catch (const std::exception& x) {
     return {TAGMEM_ERROR_INTERNAL, x.what()};
+  } catch (...) {
+    return {TAGMEM_ERROR_INTERNAL, "an exception that is not a std::exception"};
   }
 }
 
