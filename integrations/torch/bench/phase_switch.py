@@ -27,42 +27,12 @@ import statistics
 import time
 
 import torch
-import torch.nn as nn
 
 import tagmem
 import tagmem.torch as tt
+from workload import llama8b_shapes, make_parameters
 
 GB = 1e9
-
-
-def llama8b_shapes(layers, scale):
-    """(name, shape) of the Llama-3-8B weights; --scale divides every width."""
-    hidden, inter, vocab, kv = 4096 // scale, 14336 // scale, 128256 // scale, 1024 // scale
-    shapes = [("embed_tokens", (vocab, hidden))]
-    for i in range(layers):
-        shapes += [
-            (f"layers.{i}.q_proj", (hidden, hidden)),
-            (f"layers.{i}.k_proj", (kv, hidden)),
-            (f"layers.{i}.v_proj", (kv, hidden)),
-            (f"layers.{i}.o_proj", (hidden, hidden)),
-            (f"layers.{i}.gate_proj", (inter, hidden)),
-            (f"layers.{i}.up_proj", (inter, hidden)),
-            (f"layers.{i}.down_proj", (hidden, inter)),
-            (f"layers.{i}.input_layernorm", (hidden,)),
-            (f"layers.{i}.post_attention_layernorm", (hidden,)),
-        ]
-    return shapes + [("norm", (hidden,)), ("lm_head", (vocab, hidden))]
-
-
-def make_parameters(shapes, seed):
-    torch.manual_seed(seed)
-    params = []
-    for _, shape in shapes:
-        p = nn.Parameter(torch.empty(shape, dtype=torch.bfloat16, device="cuda"), requires_grad=False)
-        p.data.normal_()
-        params.append(p)
-    torch.cuda.synchronize()
-    return params
 
 
 def free_bytes():

@@ -93,7 +93,7 @@ def run_method(args):
     import torch
 
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from phase_switch import llama8b_shapes, make_parameters
+    from workload import llama8b_shapes, make_parameters
 
     saver = saver_for(args.method, args.tms_hook_mode)
     h2d, d2h = measure_link(torch, int(args.link_gib * (1 << 30)))
