@@ -17,8 +17,12 @@ compared bit for bit with a CPU copy taken before the first (--no-verify skips t
     python3 integrations/torch/bench/phase_switch.py --layers 2 --scale 8   # small and quick
 
 ``--scenario rl_cycle`` runs the RL cycle instead (rl_cycle.py: weights + optimizer backed up, a
-60 GiB kv cache discarded, tagmem against torch_memory_saver's modes, each in its own process);
-the other arguments are then rl_cycle.py's.
+60 GiB kv cache discarded, tagmem against torch_memory_saver's modes and a vLLM sleep-mode
+baseline built from a vLLM source checkout, each in its own process); the other arguments are then
+rl_cycle.py's:
+
+    python3 integrations/torch/bench/phase_switch.py --scenario rl_cycle \
+        --methods tagmem,vllm_sleep --vllm-src VLLM_CHECKOUT
 """
 
 import argparse

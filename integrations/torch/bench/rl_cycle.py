@@ -6,16 +6,23 @@ interpreter exit after printing its figures), on the same workload:
 
 - ``tagmem``: tagmem's torch_memory_saver compat layer (MemPool mode);
 - ``tms_default`` / ``tms_retain``: torch_memory_saver itself, default and ``retain_cpu_backup``
-  modes, when ``import torch_memory_saver`` works (otherwise they are skipped, and say so).
+  modes, when ``import torch_memory_saver`` works (otherwise they are skipped, and say so);
+- ``vllm_sleep``: vLLM's sleep-mode allocator (``CuMemAllocator``), built from the vLLM source
+  checkout given with --vllm-src (vllm_sleep_baseline.py; skipped without it). Its one
+  ``sleep(offload_tags=("weights",))`` pauses weights and kv together; it then wakes the weights,
+  then the kv cache.
 
 A cycle, each step timed after ``torch.cuda.synchronize()``: pause weights (weights and optimizer
 regions), pause kv (its memory back with the driver), resume kv, resume weights. Cycle 1 is
-reported apart; steady is the median of cycles 2..N. The H2D and D2H link is measured in each
+reported apart; steady is the median of cycles 2..N; "cycle" is the sum of a cycle's steps, the
+figure that compares methods whose steps differ. The H2D and D2H link is measured in each
 process with pinned tensor copies. After the last cycle every weights and optimizer tensor is
 checked against a checksum and a window copied before the first cycle; the kv cache is written and
 read back.
 
     python3 integrations/torch/bench/phase_switch.py --scenario rl_cycle            # all methods
+    python3 integrations/torch/bench/phase_switch.py --scenario rl_cycle --methods tagmem,vllm_sleep \
+        --vllm-src VLLM_CHECKOUT
     python3 integrations/torch/bench/rl_cycle.py --method tagmem --layers 2 --scale 8 --kv-gib 0.25
 """
 
@@ -30,10 +37,15 @@ import tempfile
 import time
 
 GB = 1e9
-METHODS = ("tagmem", "tms_default", "tms_retain")
+METHODS = ("tagmem", "tms_default", "tms_retain", "vllm_sleep")
+STEPS = ("pause_weights_s", "pause_kv_s", "resume_kv_s", "resume_weights_s")
 
 
-def saver_for(method, hook_mode):
+def saver_for(method, hook_mode, vllm_src=None):
+    if method == "vllm_sleep":
+        from vllm_sleep_baseline import VllmSleepSaver, default_build_dir
+
+        return VllmSleepSaver(vllm_src, default_build_dir())
     if method == "tagmem":
         from tagmem.compat.torch_memory_saver import torch_memory_saver as saver
 
@@ -95,7 +107,7 @@ def run_method(args):
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from workload import llama8b_shapes, make_parameters
 
-    saver = saver_for(args.method, args.tms_hook_mode)
+    saver = saver_for(args.method, args.tms_hook_mode, args.vllm_src)
     h2d, d2h = measure_link(torch, int(args.link_gib * (1 << 30)))
     shapes = llama8b_shapes(args.layers, args.scale)
     with saver.region("rl_weights", enable_cpu_backup=True):
@@ -124,14 +136,14 @@ def run_method(args):
         saver.resume("rl_weights")
         saver.resume("rl_optim")
 
+    if hasattr(saver, "cycle_steps"):  # a saver whose cycle has other steps (vllm_sleep)
+        steps = saver.cycle_steps()
+    else:
+        steps = [("pause_weights_s", pause_weights), ("pause_kv_s", lambda: saver.pause("rl_kv")),
+                 ("resume_kv_s", lambda: saver.resume("rl_kv")), ("resume_weights_s", resume_weights)]
     cycles = []
     for c in range(args.cycles):
-        row = {
-            "pause_weights_s": timed(pause_weights),
-            "pause_kv_s": timed(lambda: saver.pause("rl_kv")),
-            "resume_kv_s": timed(lambda: saver.resume("rl_kv")),
-            "resume_weights_s": timed(resume_weights),
-        }
+        row = {key: timed(step) for key, step in steps}
         for i, t in enumerate(kv):  # usable again: its contents are undefined after a pause
             t.fill_(float(i + c))
         if any(float(t[0]) != float(i + c) or float(t[-1]) != float(i + c) for i, t in enumerate(kv)):
@@ -153,8 +165,22 @@ def run_method(args):
     }
 
 
+def steady(r, key):
+    """The median of `key` over cycles 2..N (cycle 1 when there is only one); None if no such step."""
+    if key not in r["cycles"][0]:
+        return None
+    return statistics.median(c[key] for c in r["cycles"][1:] or r["cycles"])
+
+
+def with_cycle(r):
+    """`r` with each cycle's "cycle_s", the sum of its steps."""
+    for c in r["cycles"]:
+        c["cycle_s"] = sum(v for k, v in c.items() if k in STEPS)
+    return r
+
+
 def summary_rows(results):
-    keys = ("pause_weights_s", "pause_kv_s", "resume_kv_s", "resume_weights_s")
+    keys = STEPS + ("cycle_s",)
     lines = [
         "| method | " + " | ".join(f"{k[:-2].replace('_', ' ')} c1 / steady" for k in keys)
         + " | resume weights / link H2D | link H2D / D2H GB/s |",
@@ -166,24 +192,48 @@ def summary_rows(results):
             continue
         cells = []
         for k in keys:
-            first = r["cycles"][0][k]
-            steady = statistics.median(c[k] for c in r["cycles"][1:] or r["cycles"])
-            cells.append(f"{first * 1e3:.1f} / {steady * 1e3:.1f} ms")
-        steady_w = statistics.median(c["resume_weights_s"] for c in r["cycles"][1:] or r["cycles"])
-        ratio = r["trainer_bytes"] / steady_w / GB / r["link_h2d_GBps"]
+            if k not in r["cycles"][0]:
+                cells.append("— (in pause weights)")
+                continue
+            cells.append(f"{r['cycles'][0][k] * 1e3:.1f} / {steady(r, k) * 1e3:.1f} ms")
+        ratio = r["trainer_bytes"] / steady(r, "resume_weights_s") / GB / r["link_h2d_GBps"]
         lines.append(f"| {r['method']} | " + " | ".join(cells)
                      + f" | {ratio:.3f} | {r['link_h2d_GBps']:.1f} / {r['link_d2h_GBps']:.1f} |")
+    return lines + ratio_rows(results)
+
+
+def ratio_rows(results):
+    """Each other method's figures divided by tagmem's (above 1: tagmem is faster)."""
+    done = {r["method"]: r for r in results if "skipped" not in r}
+    if "tagmem" not in done or len(done) < 2:
+        return []
+
+    def pause(r):  # both pauses: one step for a method that pauses weights and kv together
+        return steady(r, "pause_weights_s") + (steady(r, "pause_kv_s") or 0.0)
+
+    figures = (("pause (weights + kv) steady", pause),
+               ("resume weights steady", lambda r: steady(r, "resume_weights_s")),
+               ("resume kv steady", lambda r: steady(r, "resume_kv_s")),
+               ("cycle steady", lambda r: steady(r, "cycle_s")), ("cycle 1", lambda r: r["cycles"][0]["cycle_s"]))
+    base = done.pop("tagmem")
+    lines = ["", "| method / tagmem | " + " | ".join(name for name, _ in figures) + " |",
+             "|---|" + "---|" * len(figures)]
+    for name, r in done.items():
+        lines.append(f"| {name} | " + " | ".join(f"{f(r) / f(base):.2f}×" for _, f in figures) + " |")
     return lines
 
 
 def run_all(args):
     """Each method in its own process; prints one table."""
     results = []
-    methods = METHODS if args.method == "all" else (args.method,)
-    for m in methods:
+    for m in args.method:
         if m.startswith("tms") and importlib.util.find_spec("torch_memory_saver") is None:
             results.append({"method": m, "skipped": "import torch_memory_saver fails"})
             print(f"[{m}] skipped: torch_memory_saver is not importable", flush=True)
+            continue
+        if m == "vllm_sleep" and not args.vllm_src:
+            results.append({"method": m, "skipped": "no --vllm-src"})
+            print(f"[{m}] skipped: it needs a vLLM source checkout (--vllm-src)", flush=True)
             continue
         with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
             out = f.name
@@ -192,6 +242,8 @@ def run_all(args):
                "--cycles", str(args.cycles), "--link-gib", str(args.link_gib)]
         if args.tms_hook_mode:
             cmd += ["--tms-hook-mode", args.tms_hook_mode]
+        if args.vllm_src:
+            cmd += ["--vllm-src", args.vllm_src]
         rc = subprocess.run(cmd).returncode
         try:
             with open(out) as f:
@@ -199,7 +251,7 @@ def run_all(args):
             if rc != 0:  # the figures were written; the process failed afterwards (at exit)
                 r["exit_code"] = rc
                 print(f"[{m}] exited with {rc} after writing its results", flush=True)
-            results.append(r)
+            results.append(with_cycle(r))
         except (OSError, ValueError):
             results.append({"method": m, "skipped": f"failed (exit {rc}), no results"})
         finally:
@@ -210,6 +262,15 @@ def run_all(args):
         with open(args.out, "w") as f:
             json.dump({"args": vars(args), "results": results}, f, indent=1)
     return 0 if all("skipped" not in r or r["method"] != "tagmem" for r in results) else 1
+
+
+def method_list(text):
+    """"all" or a comma-separated list of METHODS, in the order given."""
+    names = list(METHODS) if text == "all" else [m.strip() for m in text.split(",") if m.strip()]
+    bad = [m for m in names if m not in METHODS]
+    if bad or not names:
+        raise argparse.ArgumentTypeError(f"{text!r}: pick from {', '.join(METHODS)} or all")
+    return names
 
 
 def add_workload_args(ap):
@@ -224,8 +285,10 @@ def add_workload_args(ap):
 
 def parse(argv):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--method", default="all", choices=METHODS + ("all",))
+    ap.add_argument("--method", "--methods", dest="method", type=method_list, default="all",
+                    help=f"all, or a comma-separated list of {', '.join(METHODS)} (default: all)")
     add_workload_args(ap)
+    ap.add_argument("--vllm-src", help="a vLLM source checkout, for vllm_sleep (vllm_sleep_baseline.py)")
     ap.add_argument("--out", help="write the results as JSON here")
     ap.add_argument("--child-json", help=argparse.SUPPRESS)
     return ap.parse_args(argv)
@@ -234,6 +297,7 @@ def parse(argv):
 def main(argv=None):
     args = parse(argv)
     if args.child_json:
+        (args.method,) = args.method
         result = run_method(args)
         with open(args.child_json, "w") as f:
             json.dump(result, f)

@@ -69,7 +69,7 @@ def child(args):
     """One side: reads commands on stdin, answers one line each on stdout."""
     import torch
 
-    from phase_switch import llama8b_shapes, make_parameters
+    from workload import llama8b_shapes, make_parameters
     from rl_cycle import fingerprint, saver_for
 
     saver = saver_for("tms_retain" if args.method == "tms_retain" else "tagmem", args.tms_hook_mode)
