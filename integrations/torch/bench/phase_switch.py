@@ -30,13 +30,19 @@ import json
 import statistics
 import time
 
-import torch
-
-import tagmem
-import tagmem.torch as tt
 from workload import llama8b_shapes, make_parameters
 
 GB = 1e9
+# Imported by load_tagmem() once the scenario is known: the rl_cycle scenario runs every method in
+# a process of its own and needs neither here.
+torch = tagmem = tt = None
+
+
+def load_tagmem():
+    global torch, tagmem, tt
+    import torch
+    import tagmem
+    import tagmem.torch as tt
 
 
 def free_bytes():
@@ -110,6 +116,7 @@ def main():
         import rl_cycle
 
         raise SystemExit(rl_cycle.main(rest))
+    load_tagmem()
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--layers", type=int, default=32)
     ap.add_argument("--scale", type=int, default=1, help="divide every width (quick runs)")
