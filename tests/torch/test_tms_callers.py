@@ -312,3 +312,30 @@ def test_the_drop_in_and_the_shims_c_functions_share_one_configuration_and_one_p
     assert child["python_pause"] == 3
     assert child["bytes"] == [True, True]
     assert child["c_resume"] == 0 and child["default"]
+
+
+def test_a_torch_mode_region_config_leaves_later_regions_tracked():
+    # torch_memory_saver's cpu_backup example frees a region's tensor inside
+    # _impl._with_region_config in torch mode, then opens another region on the same thread: that
+    # region's allocations must still go to tagmem (the exit used to switch tracking off).
+    child = run_child(
+        """
+        import json
+        from torch_memory_saver import torch_memory_saver
+        torch_memory_saver._ensure_initialized()
+        impl = torch_memory_saver._impl
+        seen = [impl.hook_mode]
+        with impl._with_region_config(tag="freed", enable_cpu_backup=True,
+                                      cpu_backup_backend="pinned"):
+            seen.append(impl.interesting())
+        seen.append(getattr(impl._local, "off", False))
+        with impl.disable():
+            with impl._with_region_config(tag="inner", enable_cpu_backup=False):
+                pass
+            seen.append(getattr(impl._local, "off", False))
+        seen.append(getattr(impl._local, "off", False))
+        print(json.dumps(seen))
+        """
+    )
+    assert child == ["torch", False, False, True, False]
+

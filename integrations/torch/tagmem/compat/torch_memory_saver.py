@@ -425,6 +425,10 @@ class _Impl:
         regions set their own through _binary_wrapper.set_config)."""
         _check_backup_args(enable_cpu_backup, enable_disk_backup, cpu_backup_backend)
         wrapper = self._binary_wrapper
+        # Torch mode: outside a region interesting() is False, and setting that back would switch
+        # the thread's region tracking off (disable()'s switch) for every later region; the switch
+        # itself is what is restored.
+        tracking_off = getattr(self._local, "off", False)
         saved = dict(
             tag=self.current_tag(),
             interesting_region=self.interesting(),
@@ -443,6 +447,8 @@ class _Impl:
             yield
         finally:
             wrapper.set_config(**saved)
+            if self.hook_mode != "preload":
+                self._local.off = tracking_off
 
     @contextlib.contextmanager
     def region(self, tag, enable_cpu_backup, cpu_backup_backend=None, enable_disk_backup=False):
