@@ -23,8 +23,10 @@
 #   register-2rank           the same with two ranks and a captured CUDA graph: offload refused
 #                            with PEER while NCCL shares the buffer, allowed after
 #                            deregister_mem_pool, exact results and no hang after re-registering
+#   ctx-free                 cudaFree while a cuCtxCreate context's stream still writes the
+#                            memory: the shim's cudaFree waits (or not) exactly as CUDA's does
 # --one-gpu runs only what needs a single GPU (the emulator suite, runtime-default-tag,
-# free-ordering and register-1rank) and reports the two-rank NCCL phases as SKIP.
+# free-ordering, register-1rank and ctx-free) and reports the two-rank NCCL phases as SKIP.
 # With TAGMEM_LIBCUDA set (emulated driver) only the emulator suite runs; the PyTorch phases
 # are reported as SKIP (they need a real GPU), never as passed.
 #
@@ -112,7 +114,7 @@ fi
 # ---- PyTorch + NCCL on real GPUs ---------------------------------------------------------------
 NCCL_PHASES=(baseline-cumem1 pause-cumem1 baseline-cumem0 pause-cumem0 pause-cumem0-vmm
              register-2rank)
-ONE_GPU_PHASES=(runtime-default-tag free-ordering register-1rank)
+ONE_GPU_PHASES=(runtime-default-tag free-ordering register-1rank ctx-free)
 GPUS_NEEDED=2
 [ $ONE_GPU -eq 1 ] && GPUS_NEEDED=1
 one_gpu_phases() {
@@ -122,6 +124,7 @@ one_gpu_phases() {
     CUDA_VISIBLE_DEVICES=0 "$PY" "$HERE/torch_free_ordering.py" --trials 5
   run_phase register-1rank env LD_PRELOAD="$SHIM" TAGMEM_PRELOAD_TAG=torch CUDA_VISIBLE_DEVICES=0 \
     "$PY" -m torch.distributed.run --standalone --nproc_per_node=1 "$HERE/torch_nccl_register.py"
+  run_phase ctx-free env CUDA_VISIBLE_DEVICES=0 "$PY" "$HERE/ctx_free_probe.py" --compare "$SHIM"
 }
 if [ -n "${TAGMEM_LIBCUDA:-}" ]; then
   for p in "${NCCL_PHASES[@]}" "${ONE_GPU_PHASES[@]}"; do
