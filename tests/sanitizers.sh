@@ -47,7 +47,8 @@ scan() {
 configure() {  # <dir> <sanitizers> [cmake args...]
   local dir=$1 san=$2
   shift 2
-  # Line tables only: a report still names files and lines, and the two trees build faster.
+  # Line tables only: a report still names files and lines, and the two trees build faster (the
+  # ABI check, which needs full type information, runs in the plain build).
   cmake -S "$repo" -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
     -DCMAKE_C_FLAGS_RELWITHDEBINFO="-O2 -gline-tables-only -DNDEBUG" \
     -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O2 -gline-tables-only -DNDEBUG" \
@@ -134,10 +135,11 @@ if [[ ",$skip," != *",asan,"* ]]; then
   # size a memory cgroup for an uninstrumented process, and ASan's shadow memory and quarantine
   # fill it first;
   # preload_pause_sweep_emu (a minute plain) takes more than 15 minutes under ASan.
-  echo "[sanitizers] left out of the ASan run: host_budget_cgroup_emu, host_budget_active_cache_emu, preload_pause_sweep_emu"
+  # abi_baseline_emu compares libtagmem's types with the stored baseline: the plain build runs it.
+  echo "[sanitizers] left out of the ASan run: host_budget_cgroup_emu, host_budget_active_cache_emu, preload_pause_sweep_emu, abi_baseline_emu"
   log=$asan/ctest-emu.log
   if (cd "$asan" && ctest -L emu -R "$filter" \
-        -E '^(host_budget_cgroup_emu|host_budget_active_cache_emu|preload_pause_sweep_emu)$' -j "$jobs" \
+        -E '^(host_budget_cgroup_emu|host_budget_active_cache_emu|preload_pause_sweep_emu|abi_baseline_emu)$' -j "$jobs" \
         --timeout 1200 --output-on-failure \
         --output-log "$log" >"$asan.ctest.out" 2>&1) && scan "$log"; then
     summary+=("asan+ubsan: $(grep -E 'tests passed' "$asan.ctest.out" | tail -1) in $((SECONDS - start))s")

@@ -54,6 +54,7 @@ struct tag_model {
   bool cut_short = false;               // offloaded by a call a driver fault interrupted
   bool lost_bytes = false;              // some of its mappings were dropped (DISCARD)
   bool approximate = false;             // moved by a faulted call: counters are adopted
+  bool freed_while_offloaded = false;   // a free gave part of its backup back (adopted, smaller)
   std::uint64_t alloc_count = 0, free_count = 0, offload_count = 0, reload_count = 0;
   std::uint64_t bytes_offloaded = 0, bytes_reloaded = 0;
   std::size_t max_virtual = 0;  // virtual space never shrinks

@@ -681,7 +681,9 @@ void runner::op_free() {
          << " (" << exit_message << ")";
   if (!expect(call.str(), s, errs)) return;
   allocation& a = m_.allocations[live];
-  m_.find(a.device, a.tag)->free_count++;
+  tag_model* owner = m_.find(a.device, a.tag);
+  owner->free_count++;
+  if (owner->state == TAGMEM_OFFLOADED_BACKUP) owner->freed_while_offloaded = true;
   m_.freed.push_back(a.ptr);
   if (m_.freed.size() > 64) m_.freed.erase(m_.freed.begin());
   m_.allocations[live] = m_.allocations.back();
