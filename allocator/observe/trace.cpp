@@ -121,13 +121,41 @@ double now_us() noexcept {
       .count();
 }
 
+namespace {
+
+// TAGMEM_TRACE is often set once for a whole job (a trainer and an engine, every rank), whose
+// processes would otherwise overwrite each other's trace at one path: "%p" becomes the pid of
+// the process that starts tagmem, "%%" a single "%"; any other "%" is kept as it is.
+std::string expand_trace_path(const char* path) {
+  std::string out;
+  for (const char* c = path; *c; ++c) {
+    if (c[0] == '%' && c[1] == 'p') {
+      out += std::to_string(getpid());
+      ++c;
+    } else if (c[0] == '%' && c[1] == '%') {
+      out += '%';
+      ++c;
+    } else {
+      out += *c;
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
 void configure() noexcept {
   state& s = st();
   const char* path = option_env(option::TRACE);
   const bool nvtx = TAGMEM_HAVE_NVTX && std::getenv("NVTX_INJECTION64_PATH") != nullptr;
   {
     std::lock_guard lock(s.mutex);
-    s.path = path ? path : "";
+    try {
+      s.path = path ? expand_trace_path(path) : "";
+    } catch (const std::bad_alloc&) {
+      s.path.clear();  // no memory for the name: no trace file rather than a crash
+      path = nullptr;
+    }
     if (path && !s.exit_hook) {
       g_writer = getpid();
       s.exit_hook = std::atexit(write_at_exit) == 0;

@@ -302,6 +302,32 @@ TEST_F(Observe, TraceFlushWritesTheSwitchesSoFarAndReportsAnUnwritablePath) {
   ASSERT_EQ(tagmem_shutdown(), TAGMEM_SUCCESS);  // the unwritable trace does not fail shutdown
 }
 
+// "%p" in TAGMEM_TRACE names this process's pid, so the processes of a job that share one
+// setting write one trace each; "%%" is a literal "%".
+TEST_F(Observe, TracePathNamesThePidWherePercentPStands) {
+  auto rng = rng_for_test();
+  const std::string stem = ::testing::TempDir() + "tagmem_trace_pid_" + std::to_string(rng());
+  const std::string want = stem + "_" + std::to_string(getpid()) + "_%p.json";
+  ASSERT_EQ(tagmem_shutdown(), TAGMEM_SUCCESS);
+  scoped_env trace("TAGMEM_TRACE", (stem + "_%p_%%p.json").c_str());
+  ASSERT_EQ(tagmem_init(nullptr), TAGMEM_SUCCESS) << tagmem_last_error();
+  const std::string tag = "pid_traced_" + std::to_string(rng() % 100000);
+  auto a = fill(rng, tag.c_str(), 1 + rng() % 3, (1 + rng() % 4) << 20);
+  const char* tags[] = {tag.c_str()};
+  TAGMEM_OK(tagmem_offload(tags, 1, 0, TAGMEM_BACKUP));
+  TAGMEM_OK(tagmem_reload(tags, 1, 0));
+  TAGMEM_OK(tagmem_trace_flush());
+  std::ifstream in(want);
+  ASSERT_TRUE(in) << want;
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_NE(text.find("\"tag\":\"" + tag + "\""), std::string::npos);
+  EXPECT_FALSE(std::ifstream(stem + "_%p_%%p.json")) << "the unexpanded name was written";
+  EXPECT_EQ(corrupted(a), 0u);
+  for (auto& x : a) TAGMEM_OK(tagmem_free(x.ptr, nullptr));
+  ASSERT_EQ(tagmem_shutdown(), TAGMEM_SUCCESS);
+  std::remove(want.c_str());
+}
+
 // Symlinks planted where the trace and a predictable temporary file would go (another user's, in
 // /tmp) are replaced or ignored, never followed: the file they point to keeps its bytes, the
 // trace is a regular file of mode 0600, and no temporary file is left beside it.
