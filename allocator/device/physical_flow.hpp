@@ -47,6 +47,8 @@ class physical_source {
   // when none is held. For room to create what the handles held cannot cover exactly.
   bool release_one(std::size_t bytes) noexcept { return do_release_one(bytes); }
   std::size_t bytes() const noexcept { return do_bytes(); }
+  // The size of the largest handle held (0 when none).
+  std::size_t largest() const noexcept { return do_largest(); }
 
  protected:
   ~physical_source() = default;
@@ -57,6 +59,7 @@ class physical_source {
   virtual void do_mapped(std::size_t bytes) noexcept = 0;
   virtual bool do_release_one(std::size_t bytes) noexcept = 0;
   virtual std::size_t do_bytes() const noexcept = 0;
+  virtual std::size_t do_largest() const noexcept = 0;
 };
 
 // All that the offload pipeline sees of the job's other processes; one per device.
@@ -71,8 +74,9 @@ class peer_memory {
   void offload_done() noexcept { do_offload_done(); }
   // Received handles not mapped yet.
   physical_source& held() noexcept { return do_held(); }
-  // A reload of `wanted` bytes in runs of at most `largest_run` starts: the job's processes may
-  // hand memory to this one until reload_done.
+  // A reload of `wanted` bytes starts, whose adjacent runs add up to at most `largest_run` (a
+  // handle that large can still be mapped: Note [runs grow to the handles held] in
+  // offload_engine.cpp): the job's processes may hand memory to this one until reload_done.
   void reloading(std::size_t wanted, std::size_t largest_run) noexcept {
     do_reloading(wanted, largest_run);
   }

@@ -1,6 +1,8 @@
 // inbox.cpp — received handles held for a reload (see header).
 #include "handoff/inbox.hpp"
 
+#include <iterator>
+
 #include "device/device.hpp"
 #include "device/received_fds.hpp"
 #include "driver/driver.hpp"
@@ -120,6 +122,11 @@ bool inbox::do_release_one(std::size_t bytes) noexcept {
 std::size_t inbox::do_bytes() const noexcept {
   std::lock_guard lock(mutex_);
   return bytes_;
+}
+
+std::size_t inbox::do_largest() const noexcept {
+  std::lock_guard lock(mutex_);
+  return held_.empty() ? 0 : std::prev(held_.end())->first;
 }
 
 }  // namespace tagmem::handoff

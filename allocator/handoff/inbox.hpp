@@ -50,6 +50,7 @@ class inbox final : public physical_source {
   void do_mapped(std::size_t bytes) noexcept override;
   bool do_release_one(std::size_t bytes) noexcept override;
   std::size_t do_bytes() const noexcept override;
+  std::size_t do_largest() const noexcept override;
   template <class Pred>
   void release_if(Pred pred) noexcept;
   void release_all(held_map& out) noexcept;  // to the release queue

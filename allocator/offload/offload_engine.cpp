@@ -52,6 +52,19 @@
 namespace tagmem {
 namespace {
 
+// The most bytes that runs [from, end) of `in` lay side by side in address space: the largest
+// received handle such a reload can map (Note [runs grow to the handles held]).
+std::size_t largest_span(const incoming& in, std::size_t from) {
+  std::size_t largest = 0, span = 0;
+  for (std::size_t j = from; j < in.runs.size(); ++j) {
+    const in_run& r = in.runs[j];
+    const bool adjacent = j > from && in.runs[j - 1].va + in.runs[j - 1].size == r.va;
+    span = adjacent ? span + r.size : r.size;
+    largest = std::max(largest, span);
+  }
+  return largest;
+}
+
 class pipeline {
  public:
   pipeline(device& dev, tagmem_offload_mode mode, host_store& store, const config& cfg)
@@ -85,6 +98,7 @@ class pipeline {
   void announce_reload() noexcept;
   void open_sink() noexcept;
   bool map_next();
+  void grow_to_held(incoming& in, std::size_t largest_held);
   void reclaim_parked(incoming& in);
   void queue_in_copies(incoming& in, CUdeviceptr mapped_end);
   void finish_ins();
@@ -241,9 +255,10 @@ bool pipeline::map_next() {
     return true;
   }
   in_run& r = in.runs[in.mapped];
+  peer_memory* peers = dev_.peers();
+  if (peers) grow_to_held(in, peers->held().largest());
   // While out-mappings remain, a run maps when the memory they gave up covers it (Note [physical
   // recycling]) or the driver's free memory does; otherwise it waits for more of them.
-  peer_memory* peers = dev_.peers();
   const bool recycled =
       (out_memory_ == unmapped_memory::recycle && dev_.recycler().bytes() >= r.size) ||
       (peers && peers->held().bytes() >= r.size);
@@ -277,6 +292,26 @@ bool pipeline::map_next() {
     return false;
   }
   return true;
+}
+
+// Note [runs grow to the handles held]: cuMemMap maps a whole handle, so a received handle can
+// back only a run at least its size, and the giver's handles are its own mappings: an engine's kv
+// cache of 2 GiB mappings, say, where the trainer's runs stop at max_mapping_bytes (1 GiB). Held
+// handles larger than the next run would go unused and back to the driver, and the run would
+// create its memory instead: new memory that the driver scrubs first, on copy engines that the
+// other side's copies keep busy, so the reload's copies into it wait. So the next run takes in
+// the runs adjacent to it until it is at least as large as the largest handle held (a reload
+// announces the largest such span, not its largest run, as what it can use). The grown run is
+// one mapping record afterwards (vm_arena::adopt), still cut only at old mapping boundaries.
+void pipeline::grow_to_held(incoming& in, std::size_t largest_held) {
+  in_run& r = in.runs[in.mapped];
+  std::size_t next = in.mapped + 1;
+  while (r.size < largest_held && next < in.runs.size() && r.va + r.size == in.runs[next].va) {
+    r.size += in.runs[next].size;
+    ++next;
+  }
+  in.runs.erase(in.runs.begin() + static_cast<std::ptrdiff_t>(in.mapped + 1),
+                in.runs.begin() + static_cast<std::ptrdiff_t>(next));
 }
 
 // Queues the in-tag's pieces that end inside what is mapped so far (runs are mapped in address
@@ -358,10 +393,8 @@ void pipeline::announce_reload() noexcept {
   if (!peers || ins_.empty()) return;
   std::size_t wanted = 0, largest = 0;
   for (const incoming& in : ins_) {
-    for (const in_run& r : in.runs) {
-      wanted += r.size;
-      largest = std::max(largest, r.size);
-    }
+    for (const in_run& r : in.runs) wanted += r.size;
+    largest = std::max(largest, largest_span(in, 0));
   }
   peers->reloading(wanted, largest);
   announced_ = true;
@@ -389,7 +422,8 @@ pipeline::~pipeline() {
 // memory the job's processes give back, handed to it (it announces itself while reloading) or
 // returned to the driver, and tries the run again after each arrival or every 20 ms. Its runs
 // already mapped have their copies queued, so copying goes on into each piece as it arrives.
-// Held handles larger than any run left are released first (they could never be mapped). A run
+// Held handles larger than any span of adjacent runs left are released first (they could never
+// be mapped: Note [runs grow to the handles held]). A run
 // maps the held handles that fit in it, largest first, and creates the rest; handles rarely tile a
 // run exactly (the giver's mappings are not this process's runs), and when the device is full the
 // memory to create the rest is in the handles held and not used. So the run sends one of those
@@ -408,9 +442,7 @@ bool pipeline::wait_for_peers(const error& why) {
     wait_until_ = now + std::chrono::milliseconds(cfg_.handoff_wait_ms);
     std::size_t largest = 0;
     for (std::size_t i = in_at_; i < ins_.size(); ++i) {
-      for (std::size_t j = ins_[i].mapped; j < ins_[i].runs.size(); ++j) {
-        largest = std::max(largest, ins_[i].runs[j].size);
-      }
+      largest = std::max(largest, largest_span(ins_[i], ins_[i].mapped));
     }
     peers->release_unfit(largest);
   }

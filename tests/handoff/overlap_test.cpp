@@ -132,5 +132,36 @@ TEST_F(HandoffOverlap, HandlesThatDoNotTileTheRunsStillFeedTheReload) {
   EXPECT_EQ(trainer.wait(), 0);
 }
 
+// The giver's handles (24 MiB) are larger than any of this reload's runs (12 MiB mappings, runs
+// of at most 16 MiB), but four of its runs lie side by side: the reload grows a run to each handle
+// it holds and maps both, where it used to leave them to the driver and create its memory anew.
+TEST_F(HandoffOverlap, HandlesLargerThanTheRunsAreMappedOverAdjacentRuns) {
+  const tagmem_status init = init_with("TAGMEM_MAX_MAPPING_BYTES", "16MiB");
+  ASSERT_EQ(init, TAGMEM_SUCCESS) << tagmem_last_error();
+  std::mt19937_64 rng(seed_);
+  tag_data w = fill_tag("w", 4, 12 * MiB, rng);
+  const char* w_tag = "w";
+  ASSERT_EQ(tagmem_offload(&w_tag, 1, 0, TAGMEM_BACKUP), TAGMEM_SUCCESS) << tagmem_last_error();
+  ASSERT_EQ(tagmem_wait_released(0), TAGMEM_SUCCESS) << tagmem_last_error();
+  peer_process giver("overlap_trainer", "t");
+  giver.channel().send(std::to_string(seed_ + 1) + " 2 24 0");
+  ASSERT_EQ(giver.channel().receive(), "ready");
+  fill_device();
+  giver.channel().send("pause");
+  const tagmem_status reload = tagmem_reload(&w_tag, 1, 0);
+  const std::string why = tagmem_last_error();
+  EXPECT_EQ(giver.channel().receive().rfind("paused given ", 0), 0u);
+  ASSERT_EQ(reload, TAGMEM_SUCCESS) << why;
+  EXPECT_EQ(corrupted(w), 0u);
+  const tagmem_handoff_stats s = handoff_stats();
+  EXPECT_EQ(s.reload_wait_timeouts, 0u);
+  EXPECT_EQ(s.mapped_received_bytes, 2 * 24 * MiB);
+  reliability::emu().set_device_bytes(0, total_);
+  giver.channel().send("resume");
+  EXPECT_EQ(giver.channel().receive(), "intact");
+  giver.channel().send("exit");
+  EXPECT_EQ(giver.wait(), 0);
+}
+
 }  // namespace
 }  // namespace tagmem::handoff_test
