@@ -22,6 +22,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <sstream>
 
 #include "nccl_way.hpp"
@@ -65,6 +66,26 @@ struct totals {
 };
 
 using counts = std::vector<std::uint64_t>;
+
+// TAGMEM_PAUSE_SWEEP_STRIDE=k (default 1: every call) fails, of each entry point's calls in an
+// operation, only the first, the last and every k-th: under a sanitizer the whole sweep takes
+// many times its minute, and the calls between repeat the same paths. Both ranks read the same
+// environment, so they build the same schedule.
+std::uint64_t sweep_stride() {
+  const char* v = std::getenv("TAGMEM_PAUSE_SWEEP_STRIDE");
+  if (v == nullptr || *v == '\0') return 1;
+  char* end = nullptr;
+  const unsigned long long k = std::strtoull(v, &end, 10);
+  if (*end != '\0' || k == 0) {
+    std::fprintf(stderr, "TAGMEM_PAUSE_SWEEP_STRIDE='%s' is not a positive integer\n", v);
+    std::exit(2);
+  }
+  return k;
+}
+
+bool swept(std::uint64_t n, std::uint64_t count, std::uint64_t stride) {
+  return n == 1 || n == count || n % stride == 0;
+}
 
 counts call_counts() {
   counts c(kEntryCount);
@@ -170,12 +191,13 @@ class sweep {
     for (int what : {kPause, kResume})
       for (std::uint64_t& n : theirs[what]) in >> n;
     std::vector<item> schedule;
+    const std::uint64_t stride = sweep_stride();
     for (int rank : {0, 1}) {
       const counts* table = rank == me_ ? mine : theirs;
       for (int what : {kPause, kResume})
         for (std::size_t e = 0; e < kEntryCount; ++e)
           for (std::uint64_t n = 1; n <= table[what][e]; ++n)
-            schedule.push_back({rank, what, e, n});
+            if (swept(n, table[what][e], stride)) schedule.push_back({rank, what, e, n});
     }
     return schedule;
   }
