@@ -180,6 +180,15 @@ block* block_pool::find_containing(CUdeviceptr address) const {
   return nullptr;
 }
 
+void block_pool::live_ranges(meta_vector<std::pair<CUdeviceptr, std::size_t>>& out) const {
+  out.reserve(out.size() + live_.size());
+  for (const auto& [base, s] : segments_) {
+    for (const block* b = s->first; b; b = b->next) {
+      if (b->allocated) out.emplace_back(b->ptr, b->size);
+    }
+  }
+}
+
 bool block_pool::free(CUdeviceptr ptr, CUstream stream) {
   auto it = live_.find(ptr);
   if (it == live_.end()) return false;

@@ -93,6 +93,8 @@ class block_pool {
   std::size_t release_cached();
   // Whether release_cached() would give anything back to the driver.
   bool has_releasable() const;
+  // Appends the allocated blocks' ranges (address, bytes), by address.
+  void live_ranges(meta_vector<std::pair<CUdeviceptr, std::size_t>>& out) const;
 
   const pool_totals& totals() const noexcept { return totals_; }
 

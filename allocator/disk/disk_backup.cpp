@@ -60,22 +60,49 @@ void for_each_piece(device& dev, std::size_t count, int depth, std::size_t buffe
   if (first) std::rethrow_exception(first);
 }
 
+// The ranges a tag's disk backup writes, one file (or several, Note [disk streaming]) each: its
+// live allocations, by address, each widened to whole 4 KiB pages so that O_DIRECT takes every
+// write; ranges that then overlap are merged. Free memory in the tag's mappings is not written.
+// Widening stays inside the allocation's segment (segments are granularity-aligned), and the
+// bytes of a neighbour it takes in are the same snapshot that neighbour's own file holds.
+meta_vector<std::pair<CUdeviceptr, std::size_t>> live_ranges_to_write(tag& t) {
+  constexpr CUdeviceptr page = 4096;
+  meta_vector<std::pair<CUdeviceptr, std::size_t>> live, out;
+  t.pool().live_ranges(live);
+  out.reserve(live.size());
+  const auto& maps = t.arena().mappings();
+  for (const auto& [ptr, bytes] : live) {
+    CUdeviceptr begin = ptr / page * page;
+    CUdeviceptr end = (ptr + bytes + page - 1) / page * page;
+    auto m = maps.upper_bound(begin);  // the mapping holding `begin` is the one before
+    if (m == maps.begin()) continue;
+    --m;
+    if (!m->second.resident || begin >= m->first + m->second.size) continue;  // nothing to copy
+    end = std::min<CUdeviceptr>(end, m->first + m->second.size);  // a segment lies in one mapping
+    if (!out.empty() && out.back().first + out.back().second > begin) {
+      out.back().second = std::max<std::size_t>(out.back().second, end - out.back().first);
+    } else {
+      out.emplace_back(begin, std::size_t(end - begin));
+    }
+  }
+  return out;
+}
+
 }  // namespace
 
 std::unique_ptr<disk_backup> write_disk_backup(device& dev, tag& t, const disk_settings& s) {
   auto b = std::make_unique<disk_backup>();
-  for (const auto& [va, m] : t.arena().mappings()) {
-    if (!m.resident) continue;
-    for (std::size_t start = 0; start < m.size; start += s.file_bytes) {
+  for (const auto& [va, size] : live_ranges_to_write(t)) {
+    for (std::size_t start = 0; start < size; start += s.file_bytes) {
       b->files.push_back(std::make_unique<disk_file>(s.dir));  // Note [disk files]
       const std::size_t file = b->files.size() - 1;
-      const std::size_t end = std::min(m.size, start + s.file_bytes);
+      const std::size_t end = std::min(size, start + s.file_bytes);
       for (std::size_t at = start; at < end; at += s.piece_bytes) {
         b->pieces.push_back(
             {va + at, std::min(s.piece_bytes, end - at), file, static_cast<off_t>(at - start), 0});
       }
     }
-    b->bytes += m.size;
+    b->bytes += size;
   }
   for_each_piece(dev, b->pieces.size(), s.depth, s.piece_bytes, [&](std::size_t i, char* bounce) {
     disk_piece& p = b->pieces[i];

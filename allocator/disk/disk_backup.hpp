@@ -1,7 +1,9 @@
 // disk_backup.hpp — a tag's bytes in files: written from the device and read back, streamed.
 //
-// Note [disk streaming]: a tag's resident mappings go to one file each (Note [disk files]), or
-// several when a mapping is larger than TAGMEM_DISK_FILE_BYTES, cut into pieces of
+// Note [disk streaming]: a tag's live allocations go to one file each (Note [disk files]), or
+// several when one is larger than TAGMEM_DISK_FILE_BYTES; free memory in its mappings is not
+// written (a caller such as torch_memory_saver's counts a file per allocation, and the bytes
+// that matter are the allocations'). Each file is cut into pieces of
 // TAGMEM_DISK_PIECE_BYTES. TAGMEM_DISK_DEPTH threads each own a pinned bounce
 // buffer of one piece and take the next piece in turn: a device-to-host copy into the buffer,
 // then the write (or, reloading, the read, then the copy to the device). So that many requests
@@ -46,7 +48,7 @@ class disk_backup : public tag_attachment {
   std::size_t bytes = 0;
 };
 
-// Writes the tag's resident mappings to new files in s.dir. Throws (IO for the disk, DRIVER,
+// Writes the tag's live allocations to new files in s.dir. Throws (IO for the disk, DRIVER,
 // HOST_OUT_OF_MEMORY for the bounce buffers) with every file it made removed; the tag is not
 // changed either way.
 std::unique_ptr<disk_backup> write_disk_backup(device& dev, tag& t, const disk_settings& s);

@@ -50,9 +50,8 @@ void reload_from_disk(device& dev, tag* const* tags, std::size_t count, host_sto
                       const config& cfg, const disk_settings& s) {
   std::exception_ptr first;
   for (std::size_t i = 0; i < count; ++i) tags[i]->set_offload_mode(TAGMEM_DISCARD);
-  // The mappings come back as they were, not coalesced (Note [reload coalescing]): the files are
-  // one per mapping, so a tag that goes to disk every cycle writes the same files each time, one
-  // per allocation of its own mapping; the reads, not the maps, set a disk reload's time.
+  // The mappings come back as they were, not coalesced (Note [reload coalescing]): nothing is
+  // gained by larger mappings here, where the reads, not the maps, set a disk reload's time.
   config as_they_were = cfg;
   as_they_were.max_mapping_bytes = 0;
   as_they_were.discard_mapping_bytes = 0;

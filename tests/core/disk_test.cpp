@@ -138,6 +138,34 @@ TEST_F(Disk, EachCycleWritesTheSameFilesOnePerMapping) {
   free_all(all);
 }
 
+// PyTorch's shape in a MemPool: a 2 MiB segment and a 14 MiB one, which tagmem serves from one
+// 20 MiB mapping. Each allocation gets its own file (torch_memory_saver's callers count them),
+// and what the mapping holds beyond its allocations is not written; a freed allocation is not.
+TEST_F(Disk, EachAllocationIsAFileAndFreeMemoryIsNotWritten) {
+  TAGMEM_OK(tagmem_set_disk_file_bytes(0));  // TAGMEM_DISK_FILE_BYTES: 1 GiB, no cut here
+  auto rng = rng_for_test();
+  auto small = fill(rng, "p", 1, 2 << 20);
+  auto big = fill(rng, "p", 1, 14 << 20);
+  ASSERT_EQ(mapped_bytes_of("p"), std::size_t{20} << 20) << "the two should share one mapping";
+  for (int cycle = 0; cycle < 2; ++cycle) {
+    TAGMEM_OK(offload("p"));
+    EXPECT_EQ(files().size(), 2u) << "cycle " << cycle;
+    EXPECT_EQ(disk_bytes(), std::uintmax_t{16} << 20) << "cycle " << cycle;
+    TAGMEM_OK(reload("p"));
+    EXPECT_EQ(corrupted(small), 0u);
+    EXPECT_EQ(corrupted(big), 0u);
+    refill(rng, small);
+    refill(rng, big);
+  }
+  free_all(small);
+  TAGMEM_OK(offload("p"));
+  EXPECT_EQ(files().size(), 1u);
+  EXPECT_EQ(disk_bytes(), std::uintmax_t{14} << 20);
+  TAGMEM_OK(reload("p"));
+  EXPECT_EQ(corrupted(big), 0u);
+  free_all(big);
+}
+
 TEST_F(Disk, SeveralTagsAndOtherModesReloadTogether) {
   auto rng = rng_for_test();
   auto a = fill(rng, "a", 2, 3 << 20);
