@@ -166,6 +166,19 @@ TEST_F(Disk, EachAllocationIsAFileAndFreeMemoryIsNotWritten) {
   free_all(big);
 }
 
+// Files are whole 4 KiB pages (O_DIRECT): four 1 KiB allocations side by side in one page of a
+// small segment share that page's file.
+TEST_F(Disk, SmallAllocationsSharingAPageShareItsFile) {
+  auto rng = rng_for_test();
+  auto small = fill(rng, "s", 4, 777);  // rounded to 1 KiB each
+  TAGMEM_OK(offload("s"));
+  EXPECT_EQ(files().size(), 1u);
+  EXPECT_EQ(disk_bytes(), std::uintmax_t{4096});
+  TAGMEM_OK(reload("s"));
+  EXPECT_EQ(corrupted(small), 0u);
+  free_all(small);
+}
+
 TEST_F(Disk, SeveralTagsAndOtherModesReloadTogether) {
   auto rng = rng_for_test();
   auto a = fill(rng, "a", 2, 3 << 20);
