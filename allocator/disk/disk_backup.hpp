@@ -3,14 +3,16 @@
 // Note [disk streaming]: a tag's live allocations go to one file each (Note [disk files]), or
 // several when one is larger than TAGMEM_DISK_FILE_BYTES; free memory in its mappings is not
 // written (a caller such as torch_memory_saver's counts a file per allocation, and the bytes
-// that matter are the allocations'). Each file is cut into pieces of
-// TAGMEM_DISK_PIECE_BYTES. TAGMEM_DISK_DEPTH threads each own a pinned bounce
-// buffer of one piece and take the next piece in turn: a device-to-host copy into the buffer,
-// then the write (or, reloading, the read, then the copy to the device). So that many requests
-// are in flight at once, on the disk and on PCIe, and host memory holds depth pieces, never the
-// tag. Each piece's checksum is taken from the bounce buffer before it is written and checked
-// after it is read back, before anything reaches the device: a reload never puts bytes the
-// disk changed into a tag.
+// that matter are the allocations'). An allocation's range is rounded out to whole 4 KiB pages
+// for O_DIRECT, so allocations sharing a page share a file. The host BACKUP copies whole mappings
+// instead (Note [copies span mappings]): fewer, larger copies suit the copy engines, where here
+// the file count is what callers see. Each file is cut into pieces of TAGMEM_DISK_PIECE_BYTES.
+// TAGMEM_DISK_DEPTH threads each own a pinned bounce buffer of one piece and take the next piece in
+// turn: a device-to-host copy into the buffer, then the write (or, reloading, the read, then the
+// copy to the device). So that many requests are in flight at once, on the disk and on PCIe, and
+// host memory holds depth pieces, never the tag. Each piece's checksum is taken from the bounce
+// buffer before it is written and checked after it is read back, before anything reaches the
+// device: a reload never puts bytes the disk changed into a tag.
 #pragma once
 
 #include <cuda.h>

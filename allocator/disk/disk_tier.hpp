@@ -1,11 +1,11 @@
 // disk_tier.hpp — offloading tags to files and reloading them (TAGMEM_BACKUP_DISK).
 //
 // Note [disk tier]: the disk tier sits on the offload pipeline rather than in it. Offloading, it
-// first writes each tag's resident bytes to files while the tag is still resident and untouched
-// (disk_backup.hpp), then has the pipeline offload the tags as DISCARD, which unmaps and gives the
-// memory back without a host copy; the backup goes with the tag and the tag reads as
-// OFFLOADED_DISK. Reloading, the pipeline maps the tag back as it does a DISCARD tag, then the
-// files are read into it. Each failure leaves the bytes somewhere:
+// first writes each tag's live allocations to files while the tag is still resident and untouched
+// (disk_backup.hpp; free memory in its mappings is not written), then has the pipeline offload the
+// tags as DISCARD, which unmaps and gives the memory back without a host copy; the backup goes with
+// the tag and the tag reads as OFFLOADED_DISK. Reloading, the pipeline maps the tag back as it does
+// a DISCARD tag, then the files are read into it. Each failure leaves the bytes somewhere:
 //  - a write fails (ENOSPC, EIO, no progress, the directory missing): the tag was never touched;
 //    it stays resident and the files made so far are removed;
 //  - the pipeline's offload fails: a tag it restored is resident again and gets its bytes back
