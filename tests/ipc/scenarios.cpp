@@ -94,8 +94,16 @@ TAGMEM_PEER_SCENARIO(ipc_exporter) {
   tagmem_ipc_handle h{};
   check(tagmem_ipc_export(p, kExporterBytes, &h), "tagmem_ipc_export");
   args.channel.send(to_text(h));
-  args.channel.expect("exit");
-  return 0;
+  for (;;) {
+    std::istringstream in(args.channel.receive());
+    std::string cmd;
+    std::uint64_t now = 0;
+    in >> cmd >> now;
+    if (cmd == "exit") return 0;
+    if (cmd != "check") return 20;
+    args.channel.send(
+        read_device(p, kExporterBytes) == random_bytes(now, kExporterBytes) ? "same" : "differs");
+  }
 }
 
 }  // namespace

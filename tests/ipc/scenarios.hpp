@@ -8,8 +8,8 @@
 //   cycle <handle> <n>   → "cycled" | "error ..."  (n opens and closes)
 //   census               → "clean" | what leaked, against its start
 //   exit
-// `ipc_exporter` allocates 4 MiB in tag "x", writes random_bytes(seed) there, sends its handle
-// and waits for "exit" (or to be killed).
+// `ipc_exporter` allocates 4 MiB in tag "x", writes random_bytes(seed) there, sends its handle,
+// then answers "check <seed>" with "same" | "differs" until "exit" (or it is killed).
 #pragma once
 
 #include <cstddef>

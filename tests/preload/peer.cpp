@@ -122,11 +122,12 @@ peer_process::peer_process(const std::string& scenario, const std::string& group
     const std::string_view entry = *e;
     const std::string_view name = entry.substr(0, entry.find('=') + 1);
     bool replaced = false;
-    for (const std::string& s : settings) replaced |= s.rfind(name, 0) == 0;
+    for (const std::string& s : settings) replaced |= s.rfind(name, 0) == 0 || s + "=" == name;
     if (!replaced) env.push_back(*e);
   }
   std::vector<std::string> copies = settings;
-  for (std::string& s : copies) env.push_back(s.data());
+  for (std::string& s : copies)
+    if (s.find('=') != std::string::npos) env.push_back(s.data());
   env.push_back(nullptr);
   std::string exe = own_path();
   start(exe, {exe, "--peer=" + scenario, "--group=" + group, "--control=100"}, env.data());

@@ -40,7 +40,8 @@ struct peer_args {
 class peer_process {
  public:
   peer_process(const std::string& scenario, const std::string& group);
-  // The same, with `settings` ("NAME=value" each) replacing those variables of its environment.
+  // The same, with `settings` ("NAME=value" each) replacing those variables of its environment;
+  // a bare "NAME" removes that variable.
   peer_process(const std::string& scenario, const std::string& group,
                const std::vector<std::string>& settings);
   // Another program of this binary's directory, started with `args` and without the shim
