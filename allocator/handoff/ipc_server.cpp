@@ -50,8 +50,10 @@ peers::rendezvous_paths ipc_point(const std::string& dir, pid_t pid) {
 
 ipc_server::ipc_server(ipc_source& source, std::string job, const std::string& dir, int timeout_ms)
     : source_(source), job_(std::move(job)), timeout_ms_(timeout_ms) {
-  listener_ = std::make_unique<peers::rendezvous_listener>(ipc_point(dir, ::getpid()), 64,
-                                                           "the IPC exports of job '" + job_ + "'");
+  listener_ = std::make_unique<peers::rendezvous_listener>(
+      ipc_point(dir, ::getpid()), 64,
+      job_.empty() ? std::string("the IPC exports of this process")
+                   : "the IPC exports of job '" + job_ + "'");
   wake_fd_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   if (wake_fd_ < 0) {
     fail(TAGMEM_ERROR_PEER, std::string("eventfd for the IPC thread: ") + std::strerror(errno));
@@ -147,8 +149,11 @@ void ipc_server::serve_open(session& s) {
       rec = *it;
     }
   }
+  // Jobs are compared only where both sides have one (Note [ipc without a job] in
+  // registry/registry_ipc.cpp): without, the secret, uid and identified pid authorise.
+  const std::string job = job_.empty() || o.from.job.empty() ? o.from.job : job_;
   if (why.empty())
-    why = mismatch({job_, rec.uuid, rec.granularity, ::geteuid()}, cred, live, o.from);
+    why = mismatch({job, rec.uuid, rec.granularity, ::geteuid()}, cred, live, o.from);
   tagmem_status status = TAGMEM_ERROR_PEER;
   peers::owned_fds fds;
   ipc_mapped mapped;

@@ -1,10 +1,11 @@
-// ipc_server.hpp — tagged memory that other processes of the job map: the exporting side.
+// ipc_server.hpp — tagged memory that other processes of the user map: the exporting side.
 //
 // Note [ipc]: tagmem_ipc_export names a tagged range with a 64-byte handle (ipc_messages.hpp)
 // that any channel may carry (a pickle, a queue, a cudaIpcMemHandle_t under the shim). A process
-// of the same user and job that opens it (ipc_import.hpp) connects to the exporter's socket in
-// the job's private directory (ipc-<pid>.sock, a peers::rendezvous_listener), is checked as a
-// handoff peer is (trust.hpp: uid and pid from SO_PEERCRED, start time, job, GPU) and must show
+// of the same user that opens it (ipc_import.hpp) connects to the exporter's socket in the
+// user's private directory (ipc-<pid>.sock, a peers::rendezvous_listener), is checked as a
+// handoff peer is (trust.hpp: uid and pid from SO_PEERCRED, start time, GPU, and the job where
+// both have one: Note [ipc without a job] in registry/registry_ipc.cpp) and must show
 // the export's random secret; only then does the exporter export the physical handles behind the
 // range as POSIX fds and send them. The importer maps them at an address of its own: the same
 // physical memory, no copy.

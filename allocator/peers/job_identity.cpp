@@ -25,6 +25,12 @@ const char* env(const char* name) {
 
 }  // namespace
 
+bool has_job_identity() {
+  const char* id = env("TORCHELASTIC_RUN_ID");
+  return option_env(option::JOB) || option_env(option::NCCL_JOB) ||
+         (id && std::strcmp(id, "none") != 0) || env("SLURM_JOB_ID");
+}
+
 std::string job_identity(const char* purpose) {
   std::string job, from;
   if (const char* j = option_env(option::JOB)) {

@@ -16,6 +16,10 @@ namespace tagmem::peers {
 // ..." in that message.
 std::string job_identity(const char* purpose = "the NCCL rendezvous");
 
+// Whether any of the settings above is set (non-empty, torchrun's not "none"): tagged-memory IPC
+// works without a job, and then leaves the job out of its checks (Note [ipc without a job]).
+bool has_job_identity();
+
 // FNV-1a of `s` as 16 hex digits: picks short file names for long identities (the identities
 // themselves are compared in full once the processes talk).
 std::string hash_hex(const std::string& s);

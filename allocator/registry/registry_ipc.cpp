@@ -19,9 +19,19 @@ struct meeting {
   std::string job, dir;
 };
 
+// Note [ipc without a job]: a plain `python train.py` handing tensors to its
+// torch.multiprocessing children sets no job identity, and legacy CUDA IPC needs none, so tagged
+// IPC works without one: the job is then "" and the exporter compares jobs only where both sides
+// have one (ipc_server::serve_open). What authorises an opener without a job is what authorises
+// any opener: the same uid, a pid the kernel reports and whose start time matches, and the
+// handle's random 128-bit secret. A job, where both have one, only narrows that. The socket still
+// lives in the user's private directory (peers/private_dir.hpp), which children inherit.
+// Handoff keeps requiring a job: it hands memory to whoever asks, with no secret to hold.
 meeting ipc_meeting() {
   try {
-    return {peers::job_identity("CUDA IPC of tagged memory"), peers::private_dir()};
+    std::string job;
+    if (peers::has_job_identity()) job = peers::job_identity("CUDA IPC of tagged memory");
+    return {job, peers::private_dir()};
   } catch (const error& e) {
     fail(TAGMEM_ERROR_INVALID_ARGUMENT, std::string("tagged-memory IPC: ") + e.what());
   }

@@ -498,9 +498,9 @@ TAGMEM_API tagmem_status tagmem_handoff_stats_get_sized(int device, tagmem_hando
 
 /* ---- tagged memory that other processes map (CUDA IPC) ------------------------------------- */
 /* A process exports a range of a tagged allocation as a 64-byte handle that any channel may carry;
- * another process of the same user and job (TAGMEM_JOB) on the same machine opens it and maps
+ * another process of the same user (and job, TAGMEM_JOB, where both have one) opens it and maps
  * the same device memory at an address of its own, readable and writable, with nothing of its
- * own in tagmem. Descriptors pass over the job's private socket directory (TAGMEM_PEER_DIR) only
+ * own in tagmem. Descriptors pass over the user's private socket directory (TAGMEM_PEER_DIR) only
  * after the exporter has identified the opening process (SO_PEERCRED, start time, job) and the
  * handle's secret matched. A tag whose memory another process has open cannot be offloaded or
  * swapped out (PEER naming that process) until it closes it; as with cudaIpcGetMemHandle, the
@@ -512,7 +512,7 @@ typedef struct tagmem_ipc_handle {
 /* Exports [ptr, ptr + bytes), which must lie inside one live tagmem allocation of a resident
  * tag. The same range exported again gives the same handle. The first export starts a thread
  * that answers the job's processes. Errors: INVALID_ARGUMENT (NULL, 0 bytes, a range past its
- * allocation, TAGMEM_IPC=off, no job identity or private directory), UNKNOWN_POINTER (not
+ * allocation, TAGMEM_IPC=off, no private directory), UNKNOWN_POINTER (not
  * tagmem's, or freed), PEER (cannot listen in the private directory). Thread-safe. */
 TAGMEM_API tagmem_status tagmem_ipc_export(const void* ptr, size_t bytes,
                                            tagmem_ipc_handle* handle);
@@ -524,7 +524,7 @@ TAGMEM_API tagmem_status tagmem_ipc_unexport(const tagmem_ipc_handle* handle);
  * *bytes its size and *device (optional, may be NULL) the device ordinal in this process. Each
  * open maps anew; tagmem_ipc_close(*ptr) undoes it. The exporter exiting later does not unmap it.
  * Errors: INVALID_ARGUMENT (NULL, not a tagmem handle, this process's own handle, the GPU not
- * visible here, no job identity), PEER (the exporter refused — another user or job, a wrong
+ * visible here, no private directory), PEER (the exporter refused — another user or job, a wrong
  * secret, an export forgotten — or is gone; the message says which), TAG_OFFLOADED (the tag is
  * offloaded there now), TIMEOUT (no answer within TAGMEM_HANDOFF_TIMEOUT_MS), DRIVER.
  * Thread-safe. */
