@@ -43,8 +43,8 @@ from . import _tms_env
 from ._tms_env import configure_subprocess, install, uninstall
 
 _TAG_DEFAULT = "default"
-# torch_memory_saver's directory for disk backups when neither set_disk_backup_dir() nor
-# TMS_DISK_BACKUP_DIR names one (tagmem's own TAGMEM_DISK_DIR comes before it).
+# The directory for disk backups when set_disk_backup_dir(), TMS_DISK_BACKUP_DIR and tagmem's own
+# TAGMEM_DISK_DIR all name none (torch_memory_saver's default).
 _DISK_DIR_DEFAULT = "/tmp"
 
 
