@@ -62,7 +62,7 @@ rendezvous_paths rendezvous_paths_for(const std::string& job, const std::string&
   rendezvous_paths p{base + ".sock", base + ".lock"};
   TAGMEM_EXPECTS(p.socket.size() < sizeof(sockaddr_un{}.sun_path), TAGMEM_ERROR_INVALID_ARGUMENT,
                  "the rendezvous socket path '" + p.socket +
-                     "' is too long for a Unix socket; set TAGMEM_NCCL_DIR to a shorter directory");
+                     "' is too long for a Unix socket; set TAGMEM_PEER_DIR to a shorter directory");
   return p;
 }
 
