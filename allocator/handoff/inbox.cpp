@@ -34,6 +34,7 @@ void inbox::release_if(Pred pred) noexcept {
         continue;
       }
       bytes_ -= it->first;
+      stats_.returned_bytes += it->first;  // with bytes_, so that held + returned never dip
       auto next = std::next(it);
       out.insert(held_.extract(it));  // a node move: cannot fail
       it = next;
@@ -44,7 +45,6 @@ void inbox::release_if(Pred pred) noexcept {
 
 void inbox::release_all(held_map& out) noexcept {
   for (auto& [size, i] : out) {
-    stats_.returned_bytes += size;
     try {
       dev_.releases().push(i.handle, size);
       continue;
@@ -113,6 +113,7 @@ bool inbox::do_release_one(std::size_t bytes) noexcept {
     auto it = held_.lower_bound(bytes);
     if (it == held_.end()) --it;
     bytes_ -= it->first;
+    stats_.returned_bytes += it->first;
     out.insert(held_.extract(it));  // a node move: cannot fail
   }
   release_all(out);
