@@ -6,6 +6,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cstdlib>
@@ -295,7 +296,14 @@ TEST_F(Disk, ATruncatedFileIsAnErrorAndTheTagStaysOffloaded) {
   TAGMEM_OK(offload("w"));
   auto names = files();
   ASSERT_FALSE(names.empty());
-  ASSERT_EQ(::truncate(names.back().c_str(), 4096), 0);
+  // The largest file, cut to half: a file may be a single page (the tail of a range cut at
+  // TAGMEM_DISK_FILE_BYTES), which a cut to one page would leave whole.
+  const auto largest = *std::max_element(
+      names.begin(), names.end(),
+      [](const auto& a, const auto& b) { return fs::file_size(a) < fs::file_size(b); });
+  const auto size = fs::file_size(largest);
+  ASSERT_GT(size, 4096u);
+  ASSERT_EQ(::truncate(largest.c_str(), static_cast<off_t>(size / 2)), 0);
   TAGMEM_FAILS_WITH(reload("w"), TAGMEM_ERROR_IO);
   EXPECT_NE(std::string(tagmem_last_error()).find("truncated"), std::string::npos)
       << tagmem_last_error();
