@@ -23,16 +23,9 @@ const char* env(const char* name) {
   return v && *v ? v : nullptr;
 }
 
-}  // namespace
-
-bool has_job_identity() {
-  const char* id = env("TORCHELASTIC_RUN_ID");
-  return option_env(option::JOB) || option_env(option::NCCL_JOB) ||
-         (id && std::strcmp(id, "none") != 0) || env("SLURM_JOB_ID");
-}
-
-std::string job_identity(const char* purpose) {
-  std::string job, from;
+// The job identity the environment names and the variable it came from, in order of precedence;
+// false when none does.
+bool find_job(std::string& job, std::string& from) {
   if (const char* j = option_env(option::JOB)) {
     job = j;
     from = "TAGMEM_JOB";
@@ -47,6 +40,21 @@ std::string job_identity(const char* purpose) {
     if (const char* step = env("SLURM_STEP_ID")) job += std::string(".") + step;
     from = "SLURM_JOB_ID";
   } else {
+    return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+bool has_job_identity() {
+  std::string job, from;
+  return find_job(job, from);
+}
+
+std::string job_identity(const char* purpose) {
+  std::string job, from;
+  if (!find_job(job, from)) {
     fail(TAGMEM_ERROR_INVALID_ARGUMENT,
          std::string("no job identity for ") + purpose +
              ": set TAGMEM_JOB to a value unique to this job and the same in all of its "
