@@ -173,11 +173,17 @@ meta_vector<host_extent> host_store::acquire(std::size_t bytes,
   // Freeing only merges ranges: this many extents are enough, and reserving them is the last
   // step that may throw, before anything changed.
   out.reserve(free_.size() + replacing.size());
-  for (const host_extent& e : replacing) {
-    give_back_locked(e.ptr, e.size);
-    stats_.used_bytes -= e.size;
-  }
   std::size_t left = bytes;
+  for (const host_extent& e : replacing) {
+    const std::size_t take = std::min(left, e.size);
+    if (take) out.push_back({e.ptr, take});  // stays used, where it was
+    if (take < e.size) {
+      give_back_locked(e.ptr + take, e.size - take);
+      stats_.used_bytes -= e.size - take;
+    }
+    left -= take;
+  }
+  stats_.used_bytes += left;
   for (auto it = free_.begin(); left && it != free_.end();) {
     std::size_t take = std::min(left, it->second);
     out.push_back({it->first, take});
@@ -189,7 +195,6 @@ meta_vector<host_extent> host_store::acquire(std::size_t bytes,
     if (rest) it = free_.emplace_hint(it, start + take, rest);
     left -= take;
   }
-  stats_.used_bytes += bytes;
   return out;
 }
 

@@ -53,7 +53,9 @@ class host_store {
   meta_vector<host_extent> acquire(std::size_t bytes);
   // The same, in exchange for `replacing` (extents the caller holds, given back only when the
   // new ones are taken, so that they may serve the request): on success the caller no longer
-  // holds them; on a throw it still does, their bytes untouched.
+  // holds them; on a throw it still does, their bytes untouched. The request is served from
+  // `replacing` first, in its order, so that a copy rewritten in place keeps its host address
+  // (callers hold on to it: tagmem_host_view of a kept backup).
   meta_vector<host_extent> acquire(std::size_t bytes, const meta_vector<host_extent>& replacing);
   void release(const meta_vector<host_extent>& extents) noexcept;
   // Gives `extents` back as release() does, then unpins each slab they lay in that holds no

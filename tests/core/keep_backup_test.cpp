@@ -92,6 +92,36 @@ TEST_F(KeepBackup, TurningTheFlagOffKeepsTheCopyUntilTheNextReload) {
   EXPECT_EQ(corrupted(all), 0u);
 }
 
+// Callers hold on to the host address of a kept copy (torch_memory_saver's retained CPU backup):
+// the next offload writes its fresh copy over the kept one, even when free pinned memory lies at
+// lower addresses, where a fresh acquire would take it from.
+TEST_F(KeepBackup, TheNextOffloadRewritesTheKeptCopyWhereItIs) {
+  auto rng = rng_for_test();
+  auto below = fill(rng, "below", 2, 2 << 20);
+  auto all = fill(rng, "w", 2, 1 << 20);
+  const char* below_tags[] = {"below"};
+  const char* tags[] = {"w"};
+  TAGMEM_OK(tagmem_offload(below_tags, 1, 0, TAGMEM_BACKUP));  // its copy takes the low addresses
+  keeping_cycle("w");
+  TAGMEM_OK(tagmem_reload(below_tags, 1, 0));  // and gives them back: free, below the kept copy
+  void* kept = nullptr;
+  std::size_t n = 0;
+  TAGMEM_OK(tagmem_host_view(all[0].ptr, 0, &kept, &n));
+
+  for (auto& a : all) {
+    a.bytes = random_bytes(rng, a.bytes.size());
+    write_device(a.ptr, a.bytes.data(), a.bytes.size());
+  }
+  TAGMEM_OK(tagmem_offload(tags, 1, 0, TAGMEM_BACKUP));
+  void* again = nullptr;
+  TAGMEM_OK(tagmem_host_view(all[0].ptr, 0, &again, &n));
+  EXPECT_EQ(again, kept) << "the fresh copy moved away from the kept one";
+  for (const auto& a : all) EXPECT_TRUE(host_copy(a.ptr, a.bytes.size()) == a.bytes);
+  TAGMEM_OK(tagmem_reload(tags, 1, 0));
+  EXPECT_EQ(corrupted(all), 0u);
+  EXPECT_EQ(corrupted(below), 0u);
+}
+
 TEST_F(KeepBackup, AnAllocationOrFreeInTheTagRetiresTheKeptCopy) {
   auto rng = rng_for_test();
   auto all = fill(rng, "w", 2, 1 << 20);
