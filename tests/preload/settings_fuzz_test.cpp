@@ -15,6 +15,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdlib>
+#include <filesystem>
 #include <random>
 #include <string>
 #include <vector>
@@ -182,7 +183,32 @@ std::string shown(const std::vector<std::string>& settings) {
   return out;
 }
 
+// The rounds run in a scratch directory, removed at the end: a relative path drawn for a setting
+// (TAGMEM_TRACE=1MiB, ...) makes its file there, not in the directory the suite runs in.
+class scratch_cwd {
+ public:
+  scratch_cwd() {
+    char tmpl[] = "/tmp/tagmem-settings-fuzz-XXXXXX";
+    if (mkdtemp(tmpl) == nullptr) return;
+    dir_ = tmpl;
+    old_ = std::filesystem::current_path();
+    std::filesystem::current_path(dir_);
+  }
+  ~scratch_cwd() {
+    if (dir_.empty()) return;
+    std::error_code ec;
+    std::filesystem::current_path(old_, ec);
+    std::filesystem::remove_all(dir_, ec);
+  }
+  scratch_cwd(const scratch_cwd&) = delete;
+  scratch_cwd& operator=(const scratch_cwd&) = delete;
+
+ private:
+  std::filesystem::path dir_, old_;
+};
+
 TEST(SettingsFuzz, RandomSettingsAtStartNeverStopTheProcess) {
+  const scratch_cwd scratch;
   const std::uint64_t seed = env_number("TAGMEM_SETTINGS_FUZZ_SEED", std::random_device()());
   const std::uint64_t rounds = env_number("TAGMEM_SETTINGS_FUZZ_ROUNDS", 12);
   std::mt19937_64 rng(seed);
