@@ -6,7 +6,9 @@
 #    LD_PRELOAD shim's included (every process they start is an instrumented binary of the tree),
 #    with the shim's fuzz tests run with fixed seeds: TAGMEM_CALLS_FUZZ_STEPS (100) steps per
 #    thread of runtime and driver calls, TAGMEM_SETTINGS_FUZZ_ROUNDS (10) processes started with
-#    random settings, TAGMEM_PEER_FUZZ_ROUNDS (20) pauses and resumes with a rank that lies.
+#    random settings, TAGMEM_PEER_FUZZ_ROUNDS (20) pauses and resumes with a rank that lies; the
+#    fault sweeps thinned (TAGMEM_FAULT_SWEEP=quick with TAGMEM_FAULT_SWEEP_STRIDE=4, and
+#    TAGMEM_PAUSE_SWEEP_STRIDE=32: tests/faults/sweep_stride.hpp).
 # 2. The state-machine fuzzer, built in the same tree, for TAGMEM_FUZZ_SECONDS (60); then the
 #    rendezvous message fuzzer for TAGMEM_RDV_FUZZ_SECONDS (30). Longer runs, by hand, are where
 #    the fuzzers explore (docs/reliability.md); CI's runs keep the gate quick.
@@ -122,7 +124,10 @@ if [[ ",$skip," != *",asan,"* ]]; then
   # signal 11") after every test passed. Which binary it hits depends on layout alone: adding
   # tests to a suite can make it hit on every run.
   export ASAN_OPTIONS=detect_leaks=1:halt_on_error=1:allocator_may_return_null=1:intercept_tls_get_addr=0
+  # The driver-call fault sweeps: the any-call sweeps only, failing the first, the last and every
+  # 4th call of each cycle (tests/faults/sweep_stride.hpp; the plain build fails every call).
   export TAGMEM_FAULT_SWEEP=${TAGMEM_FAULT_SWEEP:-quick}
+  export TAGMEM_FAULT_SWEEP_STRIDE=${TAGMEM_FAULT_SWEEP_STRIDE:-4}
   # The shim's fuzz tests with fixed seeds, so that the gate passes or fails the same way on the
   # same code (give other seeds, and more steps, to explore).
   export TAGMEM_CALLS_FUZZ_STEPS=${TAGMEM_CALLS_FUZZ_STEPS:-100}
@@ -149,7 +154,7 @@ if [[ ",$skip," != *",asan,"* ]]; then
     summary+=("asan+ubsan: FAILED (see $asan.ctest.out, $log)")
     failed=1
   fi
-  unset TAGMEM_FAULT_SWEEP TAGMEM_CALLS_FUZZ_STEPS TAGMEM_CALLS_FUZZ_SEED \
+  unset TAGMEM_FAULT_SWEEP TAGMEM_FAULT_SWEEP_STRIDE TAGMEM_CALLS_FUZZ_STEPS TAGMEM_CALLS_FUZZ_SEED \
     TAGMEM_SETTINGS_FUZZ_ROUNDS TAGMEM_SETTINGS_FUZZ_SEED TAGMEM_PEER_FUZZ_ROUNDS TAGMEM_PEER_FUZZ_SEED
 fi
 

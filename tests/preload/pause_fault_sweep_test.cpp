@@ -28,6 +28,7 @@
 #include "nccl_way.hpp"
 #include "peer.hpp"
 #include "shared_buffers.hpp"
+#include "sweep_stride.hpp"
 
 namespace tagmem::preload_test {
 namespace {
@@ -67,25 +68,10 @@ struct totals {
 
 using counts = std::vector<std::uint64_t>;
 
-// TAGMEM_PAUSE_SWEEP_STRIDE=k (default 1: every call) fails, of each entry point's calls in an
-// operation, only the first, the last and every k-th: under a sanitizer the whole sweep takes
-// many times its minute, and the calls between repeat the same paths. Both ranks read the same
-// environment, so they build the same schedule.
-std::uint64_t sweep_stride() {
-  const char* v = std::getenv("TAGMEM_PAUSE_SWEEP_STRIDE");
-  if (v == nullptr || *v == '\0') return 1;
-  char* end = nullptr;
-  const unsigned long long k = std::strtoull(v, &end, 10);
-  if (*end != '\0' || k == 0) {
-    std::fprintf(stderr, "TAGMEM_PAUSE_SWEEP_STRIDE='%s' is not a positive integer\n", v);
-    std::exit(2);
-  }
-  return k;
-}
-
-bool swept(std::uint64_t n, std::uint64_t count, std::uint64_t stride) {
-  return n == 1 || n == count || n % stride == 0;
-}
+// TAGMEM_PAUSE_SWEEP_STRIDE (sweep_stride.hpp) thins each entry point's calls in an operation.
+// Both ranks read the same environment, so they build the same schedule.
+std::uint64_t sweep_stride() { return test::sweep_stride("TAGMEM_PAUSE_SWEEP_STRIDE"); }
+using test::swept;
 
 counts call_counts() {
   counts c(kEntryCount);
