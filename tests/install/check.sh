@@ -5,10 +5,10 @@
 #      library-only CMake build made here — and tests/install/consumer built against it with
 #      find_package(tagmem) and with pkg-config; the consumer added as a subproject of tagmem's
 #      tree configures without tests, benchmarks and their dependencies;
-#   2. `pip install --no-build-isolation --no-index ./integrations/torch` into a fresh virtual
-#      environment (the package builds its native libraries itself), `python -m tagmem` and a tag
-#      API call on the packaged emulated driver, every packaged ELF file's run path, then
-#      `pip wheel` and the wheel's contents;
+#   2. `pip wheel ./integrations/torch` (the package builds its native libraries itself) and the
+#      wheel's contents, then that wheel installed into a fresh virtual environment — what
+#      `pip install ./integrations/torch` does — and `python -m tagmem`, a tag API call on the
+#      packaged emulated driver, every packaged ELF file's run path;
 #   3. nothing left untracked in the source tree by any of it;
 #   4. with a build directory argument: `ctest -L gpu` there skips every GPU test, fails none.
 # Usage: tests/install/check.sh [build-dir]   (PYTHON selects the interpreter, default /usr/bin/python3)
@@ -78,15 +78,31 @@ if grep -q "add_test\|subdirs" "$work/subproject/tagmem/CTestTestfile.cmake" 2>/
   fail "tagmem added as a subproject configured its tests or benchmarks"
 fi
 
-step "pip install into a fresh virtual environment"
 "$python" -m venv --system-site-packages "$work/venv"
 venv_python=$work/venv/bin/python
 # The package must build its own libraries and use its own copies: none of the variables that
 # point it elsewhere.
 clean_env=(env -u TAGMEM_BUILD_DIR -u TAGMEM_LIBRARY -u TAGMEM_TORCH_LIBRARY -u TAGMEM_PRELOAD_LIBRARY
   -u TAGMEM_LIBCUDA -u PYTHONPATH -u LD_PRELOAD)
-"${clean_env[@]}" TAGMEM_CMAKE_ARGS="${no_deps[*]}" "$venv_python" -m pip install -q \
-  --no-build-isolation --no-index ./integrations/torch
+
+# `pip install ./integrations/torch` builds this same wheel and installs it: the wheel is built
+# once here and installed, so the package's native libraries compile once, not twice.
+step "pip wheel"
+"${clean_env[@]}" TAGMEM_CMAKE_ARGS="${no_deps[*]}" "$venv_python" -m pip wheel -q \
+  --no-build-isolation --no-index --no-deps -w "$work/wheels" ./integrations/torch
+"$venv_python" - "$work/wheels" <<'EOF'
+import os, sys, zipfile
+wheels = os.listdir(sys.argv[1])
+assert len(wheels) == 1 and not wheels[0].endswith("-any.whl"), wheels
+names = set(zipfile.ZipFile(os.path.join(sys.argv[1], wheels[0])).namelist())
+for lib in ("libtagmem.so.1", "libtagmem_torch_alloc.so", "libtagmem_preload.so", "libtagmem_emu.so"):
+    assert f"tagmem/lib/{lib}" in names, (lib, sorted(n for n in names if "/lib/" in n))
+assert "tagmem/__main__.py" in names
+print(f"wheel: {wheels[0]} carries the four native libraries")
+EOF
+
+step "pip install into a fresh virtual environment"
+"${clean_env[@]}" "$venv_python" -m pip install -q --no-index "$work/wheels"/*.whl
 cd "$work"  # away from the source tree, so only the installed package can be imported
 shim=$("${clean_env[@]}" "$venv_python" -m tagmem preload-path)
 case $shim in
@@ -131,20 +147,6 @@ routed=$("${clean_env[@]}" "$venv_python" -m tagmem run -- "$venv_python" -c \
   "import ctypes; print(hasattr(ctypes.CDLL(None), 'tagmem_preload_set_thread_routing'))")
 [ "$routed" = True ] || fail "python -m tagmem run did not start the command under the shim"
 cd "$repo"
-
-step "pip wheel"
-"${clean_env[@]}" "$venv_python" -m pip wheel -q --no-build-isolation --no-index --no-deps \
-  -w "$work/wheels" ./integrations/torch
-"$venv_python" - "$work/wheels" <<'EOF'
-import os, sys, zipfile
-wheels = os.listdir(sys.argv[1])
-assert len(wheels) == 1 and not wheels[0].endswith("-any.whl"), wheels
-names = set(zipfile.ZipFile(os.path.join(sys.argv[1], wheels[0])).namelist())
-for lib in ("libtagmem.so.1", "libtagmem_torch_alloc.so", "libtagmem_preload.so", "libtagmem_emu.so"):
-    assert f"tagmem/lib/{lib}" in names, (lib, sorted(n for n in names if "/lib/" in n))
-assert "tagmem/__main__.py" in names
-print(f"wheel: {wheels[0]} carries the four native libraries")
-EOF
 
 if [ "$git_tree" = 1 ]; then
   step "nothing left untracked"
