@@ -94,7 +94,11 @@ int decode_mode(std::uint8_t b) {
   }
 }
 
-bool valid_mode(int m) { return m == TAGMEM_BACKUP || m == TAGMEM_DISCARD; }
+// An offload's modes; a swap takes the first two only (it cannot go to disk).
+bool valid_mode(int m) {
+  return m == TAGMEM_BACKUP || m == TAGMEM_DISCARD || m == TAGMEM_BACKUP_DISK;
+}
+bool valid_swap_mode(int m) { return m == TAGMEM_BACKUP || m == TAGMEM_DISCARD; }
 
 // The mode of a valid call, as the enum.
 tagmem_offload_mode as_mode(int m) { return m == TAGMEM_BACKUP ? TAGMEM_BACKUP : TAGMEM_DISCARD; }
@@ -210,6 +214,9 @@ class runner {
   enum class want { resident, offloaded };
   void list_errors(const std::vector<const char*>& names, const device_arg& d, want w,
                    status_set& errs);
+  // Adds what an offload to disk of a valid list gets besides: the fuzzer sets no disk directory
+  // (the disk tier has its own tests), so any tag named is refused.
+  void disk_errors(const std::vector<const char*>& names, const device_arg& d, status_set& errs);
 
   // Call bracket: arms a pending fault, and after the call learns whether it fired.
   void before_call();
@@ -399,6 +406,17 @@ void runner::list_errors(const std::vector<const char*>& names, const device_arg
     } else if (t->state == TAGMEM_RESIDENT) {
       errs.add(TAGMEM_ERROR_TAG_RESIDENT);
     }
+  }
+}
+
+void runner::disk_errors(const std::vector<const char*>& names, const device_arg& d,
+                         status_set& errs) {
+  if (names.empty() || d.index < 0) return;  // an empty list succeeds: there is nothing to write
+  errs.add(TAGMEM_ERROR_INVALID_ARGUMENT);   // no directory
+  for (const char* n : names) {
+    // A partly offloaded tag is refused before the directory is looked at.
+    const tag_model* t = valid_name(n) ? m_.find(d.index, n) : nullptr;
+    if (t && t->state != TAGMEM_RESIDENT) errs.add(TAGMEM_ERROR_TAG_OFFLOADED);
   }
 }
 
@@ -697,6 +715,7 @@ void runner::op_offload() {
   status_set errs;
   if (!valid_mode(mode)) errs.add(TAGMEM_ERROR_INVALID_ARGUMENT);
   list_errors(names, dev, want::resident, errs);
+  if (mode == TAGMEM_BACKUP_DISK) disk_errors(names, dev, errs);
   std::map<std::string, tagmem_tag_stats> pre;
   if (dev.index >= 0) {
     for (const char* n : names) {
@@ -743,7 +762,7 @@ void runner::op_swap() {
   const device_arg dev = decode_device(in_.byte());
   const int mode = decode_mode(in_.byte());
   status_set errs;
-  if (!valid_mode(mode)) errs.add(TAGMEM_ERROR_INVALID_ARGUMENT);
+  if (!valid_swap_mode(mode)) errs.add(TAGMEM_ERROR_INVALID_ARGUMENT);
   list_errors(out, dev, want::resident, errs);
   list_errors(in, dev, want::offloaded, errs);
   for (const char* a : out) {
@@ -1041,6 +1060,7 @@ bool prepare(std::string* why) {
   // of DISCARD offloads and of swaps has its own tests in tests/core/release_test.cpp).
   setenv("TAGMEM_DISCARD_RELEASE", "wait", 1);
   setenv("TAGMEM_SWAP_RELEASE", "inline", 1);
+  unsetenv("TAGMEM_DISK_DIR");  // runner::disk_errors
   const auto& emu = reliability::emu();
   if (!emu.available || emu.device_count() < kDevices) {
     *why = "TAGMEM_LIBCUDA must name libtagmem_emu.so with at least 2 devices";
