@@ -15,7 +15,8 @@
 # 3. ThreadSanitizer build: the threaded tests (Threads.*, Release.*, EmulatorRelease.*, background
 #    pinning, StreamReuse.*, the recycler shared with the release thread and the pin-ahead thread
 #    (one test of each interplay: see the filter), Stress.*, EmulatorStress.*), and the shim's
-#    threads of runtime and driver calls (preload_calls_fuzz_emu, TAGMEM_CALLS_FUZZ_STEPS 100).
+#    threads of runtime and driver calls (preload_calls_fuzz_emu, TAGMEM_CALLS_FUZZ_STEPS 100)
+#    and its NCCL pauses and resumes of several ranks beside them (preload_nccl_threads).
 # Any failing test, any sanitizer report (also one that a test somehow survived) and any fuzzer
 # finding fails the script. Build trees go under <build-root> (default: build-san/ in the repo).
 #
@@ -219,10 +220,11 @@ if [[ ",$skip," != *",tsan,"* ]]; then
   if "$tsan/tests/core/tagmem_core_tests" --gtest_filter="$tsan_filter" \
        >"$log" 2>&1 &&
      "$tsan/tests/stress/tagmem_stress_tests" --gtest_filter='Stress*:EmulatorStress*' >>"$log" 2>&1 &&
-     # The shim's threads of runtime and driver calls, under the shim as ctest starts them.
+     # The shim's threads of runtime and driver calls, and its NCCL pauses beside them, under
+     # the shim as ctest starts them.
      (cd "$tsan" && TAGMEM_CALLS_FUZZ_STEPS=${TAGMEM_CALLS_FUZZ_STEPS:-100} \
         TAGMEM_CALLS_FUZZ_SEED=${TAGMEM_CALLS_FUZZ_SEED:-1} \
-        ctest -R '^preload_calls_fuzz_emu$' --timeout 600 -V) >>"$log" 2>&1 &&
+        ctest -R '^(preload_calls_fuzz_emu|preload_nccl_threads)$' --timeout 600 -V) >>"$log" 2>&1 &&
      scan "$log"; then
     summary+=("tsan: $(grep -cE '^([0-9]+: )?\[       OK \]' "$log") threaded tests passed in $((SECONDS - start))s")
   else

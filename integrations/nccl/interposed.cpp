@@ -3,6 +3,14 @@
 // Every function takes the record table's mutex before its driver call and keeps it until the
 // records agree with the driver again, so pause (which holds the same mutex throughout) sees
 // either the whole effect of a call or none of it.
+//
+// Note [records after the runtime]: the lock order is the runtime's lifetime lock, then the
+// records' mutex, then the runtime's nccl holds. Pause and resume take a runtime hold before the
+// records' mutex, and tagmem's own calls read the `nccl` tag's records under a hold (its stats,
+// and tagmem_shutdown asking whether NCCL keeps the runtime). So a call here that reports to the
+// runtime (runtime::nccl_hold, which takes the lifetime lock) lets the records' mutex go first:
+// memory outside the records is tagged memory, which pause never touches, and what the records
+// must learn of a call is written before the mutex is let go.
 #include "interposed.hpp"
 
 #include <fcntl.h>
@@ -133,9 +141,10 @@ CUresult mem_create(CUmemGenericAllocationHandle* handle, size_t size,
 
 CUresult mem_release(CUmemGenericAllocationHandle handle) {
   auto real = captured().cuMemRelease.load();
-  std::lock_guard lock(records().mutex());
+  std::unique_lock lock(records().mutex());
   allocation* a = records().by_visible(handle);
   if (!a) {
+    lock.unlock();  // Note [records after the runtime]
     const CUresult r = real(handle);
     if (r == CUDA_SUCCESS) runtime::nccl_hold::released(handle);  // Note [nccl holds]
     return r;
@@ -153,9 +162,10 @@ CUresult mem_release(CUmemGenericAllocationHandle handle) {
 CUresult mem_map(CUdeviceptr va, size_t size, size_t offset, CUmemGenericAllocationHandle handle,
                  unsigned long long flags) {
   auto real = captured().cuMemMap.load();
-  std::lock_guard lock(records().mutex());
+  std::unique_lock lock(records().mutex());
   allocation* a = records().by_visible(handle);
   if (!a) {
+    lock.unlock();  // Note [records after the runtime]
     const CUresult r = real(va, size, offset, handle, flags);
     if (r != CUDA_SUCCESS) return r;
     try {
@@ -183,9 +193,10 @@ CUresult mem_map(CUdeviceptr va, size_t size, size_t offset, CUmemGenericAllocat
 
 CUresult mem_unmap(CUdeviceptr va, size_t size) {
   auto real = captured().cuMemUnmap.load();
-  std::lock_guard lock(records().mutex());
+  std::unique_lock lock(records().mutex());
   meta_vector<allocation*> hit = records().mapped_in(va, size);
   if (hit.empty()) {
+    lock.unlock();  // Note [records after the runtime]
     const CUresult r = real(va, size);
     if (r == CUDA_SUCCESS) runtime::nccl_hold::unmapped(va, size);
     return r;
@@ -246,9 +257,10 @@ CUresult mem_address_free(CUdeviceptr va, size_t size) {
 CUresult mem_export(void* shareable, CUmemGenericAllocationHandle handle,
                     CUmemAllocationHandleType type, unsigned long long flags) {
   auto real = captured().cuMemExportToShareableHandle.load();
-  std::lock_guard lock(records().mutex());
+  std::unique_lock lock(records().mutex());
   allocation* a = records().by_visible(handle);
   if (!a) {
+    lock.unlock();  // Note [records after the runtime]
     const CUresult r = real(shareable, handle, type, flags);
     if (r == CUDA_SUCCESS) runtime::nccl_hold::exported(handle);  // Note [nccl holds]
     return r;
@@ -299,9 +311,10 @@ CUresult mem_import(CUmemGenericAllocationHandle* handle, void* os_handle,
 
 CUresult mem_retain(CUmemGenericAllocationHandle* handle, void* address) {
   auto real = captured().cuMemRetainAllocationHandle.load();
-  std::lock_guard lock(records().mutex());
+  std::unique_lock lock(records().mutex());
   allocation* a = records().by_address(reinterpret_cast<CUdeviceptr>(address));
   if (!a && handle) {
+    lock.unlock();  // Note [records after the runtime]
     // Tagged memory (a registered user buffer): Note [nccl holds].
     try {
       std::optional<CUresult> r = runtime::nccl_hold::retain(
@@ -356,11 +369,12 @@ CUresult multicast_bind_mem(CUmemGenericAllocationHandle mc, size_t mc_offset,
 CUresult multicast_bind_addr(CUmemGenericAllocationHandle mc, size_t mc_offset, CUdeviceptr mem,
                              size_t size, unsigned long long flags) {
   auto real = captured().cuMulticastBindAddr.load();
-  std::lock_guard lock(records().mutex());
+  std::unique_lock lock(records().mutex());
   CUresult r = real(mc, mc_offset, mem, size, flags);
   if (r == CUDA_SUCCESS) {
     for (allocation* a : records().mapped_in(mem, size)) a->multicast = true;
     if (allocation* a = records().by_address(mem)) a->multicast = true;
+    lock.unlock();  // Note [records after the runtime]
     note_held([&] { runtime::nccl_hold::pinned(mem, size, "a multicast object (NVLS)"); });
   }
   return r;
@@ -369,13 +383,14 @@ CUresult multicast_bind_addr(CUmemGenericAllocationHandle mc, size_t mc_offset, 
 CUresult mem_get_handle_for_range(void* handle, CUdeviceptr va, size_t size,
                                   CUmemRangeHandleType type, unsigned long long flags) {
   auto real = captured().cuMemGetHandleForAddressRange.load();
-  std::lock_guard lock(records().mutex());
+  std::unique_lock lock(records().mutex());
   CUresult r = real(handle, va, size, type, flags);
   if (r == CUDA_SUCCESS) {
     // A dma-buf of this range goes to a NIC (GPUDirect RDMA registration), which keeps the
     // physical pages it was given: the allocation must never move. Note [what stays resident].
     for (allocation* a : records().mapped_in(va, size)) a->dma_buf = true;
     if (allocation* a = records().by_address(va)) a->dma_buf = true;
+    lock.unlock();  // Note [records after the runtime]
     note_held([&] { runtime::nccl_hold::pinned(va, size, "a dma-buf (GPUDirect RDMA)"); });
   }
   return r;
