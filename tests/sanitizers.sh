@@ -15,8 +15,9 @@
 # 3. ThreadSanitizer build: the threaded tests (Threads.*, Release.*, EmulatorRelease.*, background
 #    pinning, StreamReuse.*, the recycler shared with the release thread and the pin-ahead thread
 #    (one test of each interplay: see the filter), Stress.*, EmulatorStress.*), and the shim's
-#    threads of runtime and driver calls (preload_calls_fuzz_emu, TAGMEM_CALLS_FUZZ_STEPS 100)
-#    and its NCCL pauses and resumes of several ranks beside them (preload_nccl_threads).
+#    suite (preload_emu: NCCL pauses and resumes of several ranks beside interposed driver calls,
+#    thread exits, the settings and peer fuzz tests with fixed seeds) and its threads of runtime
+#    and driver calls (preload_calls_fuzz_emu, TAGMEM_CALLS_FUZZ_STEPS 100).
 # Any failing test, any sanitizer report (also one that a test somehow survived) and any fuzzer
 # finding fails the script. Build trees go under <build-root> (default: build-san/ in the repo).
 #
@@ -220,11 +221,18 @@ if [[ ",$skip," != *",tsan,"* ]]; then
   if "$tsan/tests/core/tagmem_core_tests" --gtest_filter="$tsan_filter" \
        >"$log" 2>&1 &&
      "$tsan/tests/stress/tagmem_stress_tests" --gtest_filter='Stress*:EmulatorStress*' >>"$log" 2>&1 &&
-     # The shim's threads of runtime and driver calls, and its NCCL pauses beside them, under
-     # the shim as ctest starts them.
-     (cd "$tsan" && TAGMEM_CALLS_FUZZ_STEPS=${TAGMEM_CALLS_FUZZ_STEPS:-100} \
+     # The shim's suite (its threads of runtime and driver calls, NCCL pauses of several ranks
+     # and jobs beside interposed calls, thread exits), under the shim as ctest starts it. Its
+     # tags reserve 16 GiB of addresses at a time, not 256: ThreadSanitizer leaves a program
+     # about 1.5 TiB of address space, which the suite's tags would use up.
+     (cd "$tsan" && TAGMEM_ARENA_BYTES=16GiB \
+        TAGMEM_CALLS_FUZZ_STEPS=${TAGMEM_CALLS_FUZZ_STEPS:-100} \
         TAGMEM_CALLS_FUZZ_SEED=${TAGMEM_CALLS_FUZZ_SEED:-1} \
-        ctest -R '^(preload_calls_fuzz_emu|preload_nccl_threads)$' --timeout 600 -V) >>"$log" 2>&1 &&
+        TAGMEM_SETTINGS_FUZZ_ROUNDS=${TAGMEM_SETTINGS_FUZZ_ROUNDS:-10} \
+        TAGMEM_SETTINGS_FUZZ_SEED=${TAGMEM_SETTINGS_FUZZ_SEED:-1} \
+        TAGMEM_PEER_FUZZ_ROUNDS=${TAGMEM_PEER_FUZZ_ROUNDS:-20} \
+        TAGMEM_PEER_FUZZ_SEED=${TAGMEM_PEER_FUZZ_SEED:-1} \
+        ctest -R '^(preload_emu|preload_calls_fuzz_emu)$' --timeout 900 -V) >>"$log" 2>&1 &&
      scan "$log"; then
     summary+=("tsan: $(grep -cE '^([0-9]+: )?\[       OK \]' "$log") threaded tests passed in $((SECONDS - start))s")
   else
