@@ -3,6 +3,7 @@
 
 #include <fcntl.h>
 #include <stdlib.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -167,6 +168,44 @@ void configure() noexcept {
   g_on.store(path != nullptr || nvtx);
 }
 
+namespace {
+
+// The trace's JSON, written to `f`; whether every byte went out.
+bool write_json(std::FILE* f, const state& s) {
+  std::fputs("{\"displayTimeUnit\":\"ms\",\"otherData\":{\"dropped_events\":", f);
+  std::fprintf(f, "%zu},\n\"traceEvents\":[\n", s.dropped);
+  for (std::size_t i = 0; i < s.events.size(); ++i) {
+    std::fputs(s.events[i].c_str(), f);
+    std::fputs(i + 1 < s.events.size() ? ",\n" : "\n", f);
+  }
+  std::fputs("]}\n", f);
+  return std::fflush(f) == 0 && !std::ferror(f);
+}
+
+// Note [trace file], the second case: a character device or a FIFO at the path (/dev/null, a
+// pipe a collector reads) is written into, as `> path` would; it is never replaced. A FIFO with
+// no reader is an error, not a wait.
+void write_into(const state& s) {
+  const int fd = ::open(s.path.c_str(), O_WRONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) {
+    fail(TAGMEM_ERROR_INVALID_ARGUMENT, "TAGMEM_TRACE: cannot open '" + s.path +
+                                            "' for writing (a device or FIFO; one with no "
+                                            "reader cannot take the trace)");
+  }
+  const int flags = ::fcntl(fd, F_GETFL);
+  if (flags >= 0) ::fcntl(fd, F_SETFL, flags & ~O_NONBLOCK);
+  std::FILE* f = fdopen(fd, "w");
+  if (!f) {
+    ::close(fd);
+    fail(TAGMEM_ERROR_INVALID_ARGUMENT, "TAGMEM_TRACE: cannot write '" + s.path + "'");
+  }
+  const bool written = write_json(f, s);
+  if (std::fclose(f) != 0 || !written)
+    fail(TAGMEM_ERROR_INVALID_ARGUMENT, "TAGMEM_TRACE: cannot write '" + s.path + "'");
+}
+
+}  // namespace
+
 void flush() {
   state& s = st();
   std::lock_guard lock(s.mutex);
@@ -174,7 +213,16 @@ void flush() {
   // Note [trace file]: the trace often goes to a shared directory (/tmp), where a name chosen
   // in advance may already be another user's symlink or file. The temporary file gets a name
   // nobody can guess and is created exclusively (mkostemp: O_CREAT|O_EXCL, mode 0600), then
-  // renamed over the path, which replaces a symlink there rather than following it.
+  // renamed over the path, which replaces a symlink there rather than following it. What is not
+  // a file or a symlink is never replaced: a rename over TAGMEM_TRACE=/dev/null, in a process
+  // run as root, would leave a regular file there for every program on the machine.
+  struct stat at {};
+  if (::lstat(s.path.c_str(), &at) == 0 && !S_ISREG(at.st_mode) && !S_ISLNK(at.st_mode)) {
+    if (S_ISCHR(at.st_mode) || S_ISFIFO(at.st_mode)) return write_into(s);
+    fail(TAGMEM_ERROR_INVALID_ARGUMENT, "TAGMEM_TRACE: '" + s.path +
+                                            "' is neither a file nor a device nor a FIFO (a "
+                                            "directory?): give the path of a file");
+  }
   std::string tmp = s.path + ".XXXXXX";
   const int fd = mkostemp(tmp.data(), O_CLOEXEC);
   std::FILE* f = fd >= 0 ? fdopen(fd, "w") : nullptr;
@@ -186,14 +234,7 @@ void flush() {
     fail(TAGMEM_ERROR_INVALID_ARGUMENT,
          "TAGMEM_TRACE: cannot write '" + tmp + "' (the trace's temporary file)");
   }
-  std::fputs("{\"displayTimeUnit\":\"ms\",\"otherData\":{\"dropped_events\":", f);
-  std::fprintf(f, "%zu},\n\"traceEvents\":[\n", s.dropped);
-  for (std::size_t i = 0; i < s.events.size(); ++i) {
-    std::fputs(s.events[i].c_str(), f);
-    std::fputs(i + 1 < s.events.size() ? ",\n" : "\n", f);
-  }
-  std::fputs("]}\n", f);
-  const bool written = std::fflush(f) == 0 && !std::ferror(f);
+  const bool written = write_json(f, s);
   const bool closed = std::fclose(f) == 0;
   if (!written || !closed || std::rename(tmp.c_str(), s.path.c_str()) != 0) {
     std::remove(tmp.c_str());

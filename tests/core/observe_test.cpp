@@ -3,6 +3,7 @@
 // the switch; a reload that runs out of device memory says which tag, how much, what is free,
 // what is resident, and that the tag keeps its backup.
 #include <dirent.h>
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -367,6 +368,41 @@ TEST_F(Observe, TraceFlushNeverFollowsAPlantedSymlink) {
   }
   EXPECT_EQ(entries, 4);
   ASSERT_EQ(tagmem_shutdown(), TAGMEM_SUCCESS);
+  std::system(("rm -rf '" + dir + "'").c_str());
+}
+
+// A FIFO at the trace's path (as /dev/null is a device) is written into, never replaced: a rename
+// over TAGMEM_TRACE=/dev/null in a process run as root left a regular file there, and every
+// later `> /dev/null` on the machine filled memory.
+TEST_F(Observe, TraceFlushWritesIntoAFifoAndLeavesItThere) {
+  auto rng = rng_for_test();
+  const std::string dir = ::testing::TempDir() + "tagmem_trace_fifo_" + std::to_string(rng());
+  ASSERT_EQ(mkdir(dir.c_str(), 0700), 0);
+  const std::string path = dir + "/trace.pipe";
+  ASSERT_EQ(mkfifo(path.c_str(), 0600), 0);
+  // The reader is open before the flush, so the write neither waits nor fails; the trace of a
+  // process that moved nothing is far smaller than a pipe's buffer.
+  const int reader = ::open(path.c_str(), O_RDONLY | O_NONBLOCK);
+  ASSERT_GE(reader, 0);
+  ASSERT_EQ(tagmem_shutdown(), TAGMEM_SUCCESS);
+  scoped_env trace("TAGMEM_TRACE", path.c_str());
+  ASSERT_EQ(tagmem_init(nullptr), TAGMEM_SUCCESS) << tagmem_last_error();
+  TAGMEM_OK(tagmem_trace_flush());
+  std::string text;
+  char buf[4096];
+  for (ssize_t n; (n = ::read(reader, buf, sizeof buf)) > 0;) text.append(buf, std::size_t(n));
+  ::close(reader);
+  EXPECT_EQ(text.rfind("{\"displayTimeUnit\"", 0), 0u) << text;
+  struct stat st {};
+  ASSERT_EQ(lstat(path.c_str(), &st), 0);
+  EXPECT_TRUE(S_ISFIFO(st.st_mode)) << "the FIFO was replaced";
+  // With no reader the flush fails with a message instead of waiting.
+  tagmem_status none = tagmem_trace_flush();
+  EXPECT_EQ(none, TAGMEM_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(tagmem_last_error()).find("reader"), std::string::npos);
+  ASSERT_EQ(lstat(path.c_str(), &st), 0);
+  EXPECT_TRUE(S_ISFIFO(st.st_mode));
+  ASSERT_EQ(tagmem_shutdown(), TAGMEM_SUCCESS);  // the failing trace does not fail shutdown
   std::system(("rm -rf '" + dir + "'").c_str());
 }
 
