@@ -2,6 +2,8 @@
 #include "observe/trace.hpp"
 
 #include <fcntl.h>
+#include <pthread.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -199,8 +201,22 @@ void write_into(const state& s) {
     ::close(fd);
     fail(TAGMEM_ERROR_INVALID_ARGUMENT, "TAGMEM_TRACE: cannot write '" + s.path + "'");
   }
+  // A reader that goes away mid-write would raise SIGPIPE, whose default ends the process: it is
+  // blocked on this thread for the write, and one the write raised is taken before the mask goes
+  // back (one that was pending already is left to its handler).
+  sigset_t pipe_signal, old_mask, pending;
+  sigemptyset(&pipe_signal);
+  sigaddset(&pipe_signal, SIGPIPE);
+  pthread_sigmask(SIG_BLOCK, &pipe_signal, &old_mask);
+  const bool was_pending = sigpending(&pending) == 0 && sigismember(&pending, SIGPIPE) == 1;
   const bool written = write_json(f, s);
-  if (std::fclose(f) != 0 || !written)
+  const bool closed = std::fclose(f) == 0;
+  if (!was_pending && sigpending(&pending) == 0 && sigismember(&pending, SIGPIPE) == 1) {
+    const timespec now{};
+    sigtimedwait(&pipe_signal, nullptr, &now);
+  }
+  pthread_sigmask(SIG_SETMASK, &old_mask, nullptr);
+  if (!closed || !written)
     fail(TAGMEM_ERROR_INVALID_ARGUMENT, "TAGMEM_TRACE: cannot write '" + s.path + "'");
 }
 

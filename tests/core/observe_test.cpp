@@ -4,16 +4,20 @@
 // what is resident, and that the tag keeps its backup.
 #include <dirent.h>
 #include <fcntl.h>
+#include <sys/ioctl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdio>
 #include <fstream>
 #include <iterator>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <regex>
 #include <sstream>
+#include <thread>
 
 #include "observe/log.hpp"
 #include "observe/log_stamp.hpp"
@@ -371,27 +375,47 @@ TEST_F(Observe, TraceFlushNeverFollowsAPlantedSymlink) {
   std::system(("rm -rf '" + dir + "'").c_str());
 }
 
+// A directory holding a FIFO, the FIFO's read end open (non-blocking, so that a write never
+// waits for a reader), and tagmem restarted with TAGMEM_TRACE naming the FIFO.
+struct traced_fifo {
+  std::string dir, path;
+  int reader = -1;
+  std::optional<scoped_env> trace;
+  ~traced_fifo() {
+    if (reader >= 0) ::close(reader);
+    if (!dir.empty()) std::system(("rm -rf '" + dir + "'").c_str());
+  }
+};
+
+void open_traced_fifo(std::uint64_t id, traced_fifo& f) {
+  const std::string dir = ::testing::TempDir() + "tagmem_trace_fifo_" + std::to_string(id);
+  ASSERT_EQ(mkdir(dir.c_str(), 0700), 0);
+  f.dir = dir;
+  f.path = dir + "/trace.pipe";
+  ASSERT_EQ(mkfifo(f.path.c_str(), 0600), 0);
+  f.reader = ::open(f.path.c_str(), O_RDONLY | O_NONBLOCK);
+  ASSERT_GE(f.reader, 0);
+  ASSERT_EQ(tagmem_shutdown(), TAGMEM_SUCCESS);
+  f.trace.emplace("TAGMEM_TRACE", f.path.c_str());
+  ASSERT_EQ(tagmem_init(nullptr), TAGMEM_SUCCESS) << tagmem_last_error();
+}
+
 // A FIFO at the trace's path (as /dev/null is a device) is written into, never replaced: a rename
 // over TAGMEM_TRACE=/dev/null in a process run as root left a regular file there, and every
 // later `> /dev/null` on the machine filled memory.
 TEST_F(Observe, TraceFlushWritesIntoAFifoAndLeavesItThere) {
   auto rng = rng_for_test();
-  const std::string dir = ::testing::TempDir() + "tagmem_trace_fifo_" + std::to_string(rng());
-  ASSERT_EQ(mkdir(dir.c_str(), 0700), 0);
-  const std::string path = dir + "/trace.pipe";
-  ASSERT_EQ(mkfifo(path.c_str(), 0600), 0);
   // The reader is open before the flush, so the write neither waits nor fails; the trace of a
   // process that moved nothing is far smaller than a pipe's buffer.
-  const int reader = ::open(path.c_str(), O_RDONLY | O_NONBLOCK);
-  ASSERT_GE(reader, 0);
-  ASSERT_EQ(tagmem_shutdown(), TAGMEM_SUCCESS);
-  scoped_env trace("TAGMEM_TRACE", path.c_str());
-  ASSERT_EQ(tagmem_init(nullptr), TAGMEM_SUCCESS) << tagmem_last_error();
+  traced_fifo fifo;
+  open_traced_fifo(rng(), fifo);
+  const std::string& path = fifo.path;
   TAGMEM_OK(tagmem_trace_flush());
   std::string text;
   char buf[4096];
-  for (ssize_t n; (n = ::read(reader, buf, sizeof buf)) > 0;) text.append(buf, std::size_t(n));
-  ::close(reader);
+  for (ssize_t n; (n = ::read(fifo.reader, buf, sizeof buf)) > 0;) text.append(buf, std::size_t(n));
+  ::close(fifo.reader);
+  fifo.reader = -1;
   EXPECT_EQ(text.rfind("{\"displayTimeUnit\"", 0), 0u) << text;
   struct stat st {};
   ASSERT_EQ(lstat(path.c_str(), &st), 0);
@@ -403,7 +427,40 @@ TEST_F(Observe, TraceFlushWritesIntoAFifoAndLeavesItThere) {
   ASSERT_EQ(lstat(path.c_str(), &st), 0);
   EXPECT_TRUE(S_ISFIFO(st.st_mode));
   ASSERT_EQ(tagmem_shutdown(), TAGMEM_SUCCESS);  // the failing trace does not fail shutdown
-  std::system(("rm -rf '" + dir + "'").c_str());
+}
+
+// A FIFO's reader that goes away while the trace is written: the write fails with a message and
+// the process goes on (the SIGPIPE it raises does not end it). The pipe is cut to one page, which
+// the trace of twenty phase switches overfills, and the reader closes once the page is full.
+TEST_F(Observe, TraceFlushSurvivesAFifoReaderThatGoesAway) {
+  auto rng = rng_for_test();
+  traced_fifo fifo;
+  open_traced_fifo(rng(), fifo);
+  const int page = static_cast<int>(sysconf(_SC_PAGESIZE));
+  ASSERT_EQ(fcntl(fifo.reader, F_SETPIPE_SZ, page), page);
+  const std::string tag = "gone_" + std::to_string(rng() % 100000);
+  auto a = fill(rng, tag.c_str(), 3, 1 << 20);
+  const char* tags[] = {tag.c_str()};
+  for (int i = 0; i < 20; ++i) {
+    TAGMEM_OK(tagmem_offload(tags, 1, 0, TAGMEM_BACKUP));
+    TAGMEM_OK(tagmem_reload(tags, 1, 0));
+  }
+  std::thread leaves([&] {
+    int queued = 0;
+    for (int i = 0; i < 10000 && queued < page; ++i) {
+      ioctl(fifo.reader, FIONREAD, &queued);
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    ::close(fifo.reader);
+    fifo.reader = -1;
+  });
+  const tagmem_status st = tagmem_trace_flush();
+  leaves.join();
+  EXPECT_EQ(st, TAGMEM_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(tagmem_last_error()).find("cannot write"), std::string::npos);
+  EXPECT_EQ(corrupted(a), 0u);
+  for (auto& x : a) TAGMEM_OK(tagmem_free(x.ptr, nullptr));
+  ASSERT_EQ(tagmem_shutdown(), TAGMEM_SUCCESS);
 }
 
 // Every line starts with the UTC time to the millisecond (read between the clock before and after
