@@ -184,26 +184,16 @@ bool write_json(std::FILE* f, const state& s) {
   return std::fflush(f) == 0 && !std::ferror(f);
 }
 
-// Note [trace file], the second case: a character device or a FIFO at the path (/dev/null, a
-// pipe a collector reads) is written into, as `> path` would; it is never replaced. A FIFO with
-// no reader is an error, not a wait.
-void write_into(const state& s) {
-  const int fd = ::open(s.path.c_str(), O_WRONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
-  if (fd < 0) {
-    fail(TAGMEM_ERROR_INVALID_ARGUMENT, "TAGMEM_TRACE: cannot open '" + s.path +
-                                            "' for writing (a device or FIFO; one with no "
-                                            "reader cannot take the trace)");
-  }
-  const int flags = ::fcntl(fd, F_GETFL);
-  if (flags >= 0) ::fcntl(fd, F_SETFL, flags & ~O_NONBLOCK);
+// Writes the trace through `fd` and closes it; whether every byte went out. A FIFO's reader that
+// goes away mid-write would raise SIGPIPE, whose default ends the process: it is blocked on this
+// thread for the write, and one the write raised is taken before the mask goes back (one that
+// was pending already is left to its handler).
+bool write_and_close(int fd, const state& s) {
   std::FILE* f = fdopen(fd, "w");
   if (!f) {
     ::close(fd);
-    fail(TAGMEM_ERROR_INVALID_ARGUMENT, "TAGMEM_TRACE: cannot write '" + s.path + "'");
+    return false;
   }
-  // A reader that goes away mid-write would raise SIGPIPE, whose default ends the process: it is
-  // blocked on this thread for the write, and one the write raised is taken before the mask goes
-  // back (one that was pending already is left to its handler).
   sigset_t pipe_signal, old_mask, pending;
   sigemptyset(&pipe_signal);
   sigaddset(&pipe_signal, SIGPIPE);
@@ -216,7 +206,22 @@ void write_into(const state& s) {
     sigtimedwait(&pipe_signal, nullptr, &now);
   }
   pthread_sigmask(SIG_SETMASK, &old_mask, nullptr);
-  if (!closed || !written)
+  return written && closed;
+}
+
+// Note [trace file], the second case: a character device or a FIFO at the path (/dev/null, a
+// pipe a collector reads) is written into, as `> path` would; it is never replaced. A FIFO with
+// no reader is an error, not a wait.
+void write_into(const state& s) {
+  const int fd = ::open(s.path.c_str(), O_WRONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) {
+    fail(TAGMEM_ERROR_INVALID_ARGUMENT, "TAGMEM_TRACE: cannot open '" + s.path +
+                                            "' for writing (a device or FIFO; one with no "
+                                            "reader cannot take the trace)");
+  }
+  const int flags = ::fcntl(fd, F_GETFL);
+  if (flags >= 0) ::fcntl(fd, F_SETFL, flags & ~O_NONBLOCK);
+  if (!write_and_close(fd, s))
     fail(TAGMEM_ERROR_INVALID_ARGUMENT, "TAGMEM_TRACE: cannot write '" + s.path + "'");
 }
 
@@ -241,18 +246,11 @@ void flush() {
   }
   std::string tmp = s.path + ".XXXXXX";
   const int fd = mkostemp(tmp.data(), O_CLOEXEC);
-  std::FILE* f = fd >= 0 ? fdopen(fd, "w") : nullptr;
-  if (!f) {
-    if (fd >= 0) {
-      ::close(fd);
-      std::remove(tmp.c_str());
-    }
+  if (fd < 0) {
     fail(TAGMEM_ERROR_INVALID_ARGUMENT,
          "TAGMEM_TRACE: cannot write '" + tmp + "' (the trace's temporary file)");
   }
-  const bool written = write_json(f, s);
-  const bool closed = std::fclose(f) == 0;
-  if (!written || !closed || std::rename(tmp.c_str(), s.path.c_str()) != 0) {
+  if (!write_and_close(fd, s) || std::rename(tmp.c_str(), s.path.c_str()) != 0) {
     std::remove(tmp.c_str());
     fail(TAGMEM_ERROR_INVALID_ARGUMENT, "TAGMEM_TRACE: cannot write '" + s.path + "'");
   }

@@ -94,11 +94,9 @@ int decode_mode(std::uint8_t b) {
   }
 }
 
-// An offload's modes; a swap takes the first two only (it cannot go to disk).
-bool valid_mode(int m) {
-  return m == TAGMEM_BACKUP || m == TAGMEM_DISCARD || m == TAGMEM_BACKUP_DISK;
-}
+// A swap's modes; an offload also takes TAGMEM_BACKUP_DISK (a swap cannot go to disk).
 bool valid_swap_mode(int m) { return m == TAGMEM_BACKUP || m == TAGMEM_DISCARD; }
+bool valid_mode(int m) { return valid_swap_mode(m) || m == TAGMEM_BACKUP_DISK; }
 
 // The mode of a valid call, as the enum.
 tagmem_offload_mode as_mode(int m) { return m == TAGMEM_BACKUP ? TAGMEM_BACKUP : TAGMEM_DISCARD; }
