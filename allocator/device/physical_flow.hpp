@@ -43,8 +43,9 @@ class physical_source {
   bool put_back(const physical_part& p) noexcept { return do_put_back(p); }
   // Notes that `bytes` taken from here are mapped now (statistics).
   void mapped(std::size_t bytes) noexcept { do_mapped(bytes); }
-  // Sends one handle to the driver: the smallest of at least `bytes`, else the largest; false
-  // when none is held. For room to create what the handles held cannot cover exactly.
+  // Sends one handle to the driver, the smallest, for room to create `bytes` that the handles
+  // taken do not cover; false, sending none, when none is held or one held fits in `bytes` (it
+  // arrived after the take: the caller's next try maps it).
   bool release_one(std::size_t bytes) noexcept { return do_release_one(bytes); }
   std::size_t bytes() const noexcept { return do_bytes(); }
   // The size of the largest handle held (0 when none).

@@ -105,13 +105,14 @@ bool inbox::do_put_back(const physical_part& p) noexcept {
 
 void inbox::do_mapped(std::size_t bytes) noexcept { stats_.mapped_received_bytes += bytes; }
 
+// A handle of `bytes` or less arrived after the caller took what fitted: it is the caller's next
+// try's, not the driver's (sent there, the run would create its memory anew from it).
 bool inbox::do_release_one(std::size_t bytes) noexcept {
   held_map out;
   {
     std::lock_guard lock(mutex_);
-    if (held_.empty()) return false;
-    auto it = held_.lower_bound(bytes);
-    if (it == held_.end()) --it;
+    if (held_.empty() || held_.begin()->first <= bytes) return false;
+    auto it = held_.begin();  // the smallest, larger than `bytes`
     bytes_ -= it->first;
     stats_.returned_bytes += it->first;
     out.insert(held_.extract(it));  // a node move: cannot fail

@@ -428,7 +428,8 @@ pipeline::~pipeline() {
 // run exactly (the giver's mappings are not this process's runs), and when the device is full the
 // memory to create the rest is in the handles held and not used. So the run sends one of those
 // to the driver (the smallest that leaves room for the rest) and creates the rest from it: at most
-// one per run mapped, since the giver's own reference, until it reads TAKEN, may delay the room. At
+// one per run mapped, since the giver's own reference, until it reads TAKEN, may delay the room;
+// none while a handle that fits is held (it arrived during the try, and the next try maps it). At
 // the deadline it fails OUT_OF_MEMORY as it would have: finish_ins commits the in-tags before the
 // failing one and leaves it and those after offloaded with their backups intact. Two processes
 // waiting for each other both time out. Returns whether the reload waits (false: fail now).

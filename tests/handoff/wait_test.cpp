@@ -10,6 +10,8 @@
 #include <random>
 #include <thread>
 
+#include "api/runtime.hpp"
+#include "device/physical_flow.hpp"
 #include "emu_controls.hpp"
 #include "harness.hpp"
 #include "peer.hpp"
@@ -109,6 +111,67 @@ TEST_F(HandoffWait, ReceiverThatNeverMapsGivesBackAfterHold) {
   EXPECT_EQ(reliability::emu().device_used_bytes(0), 0u) << "held memory still counted";
   ASSERT_EQ(tagmem_reload(&w_tag, 1, 0), TAGMEM_SUCCESS) << tagmem_last_error();
   EXPECT_EQ(corrupted(w), 0u);
+}
+
+// The process's held handles, with `late` put among them right after a run has taken what fitted:
+// a handle that arrives while the run creates the rest.
+class arriving_late final : public physical_source {
+ public:
+  arriving_late(physical_source& held, physical_part late) : held_(held), late_(late) {}
+
+ private:
+  void do_take_up_to(std::size_t bytes, meta_vector<physical_part>& out) override {
+    held_.take_up_to(bytes, out);
+    if (late_.handle != 0 && held_.put_back(late_)) late_ = {};
+  }
+  bool do_put_back(const physical_part& p) noexcept override { return held_.put_back(p); }
+  void do_mapped(std::size_t bytes) noexcept override { held_.mapped(bytes); }
+  bool do_release_one(std::size_t bytes) noexcept override { return held_.release_one(bytes); }
+  std::size_t do_bytes() const noexcept override { return held_.bytes(); }
+  std::size_t do_largest() const noexcept override { return held_.largest(); }
+
+  physical_source& held_;
+  physical_part late_;
+};
+
+// A run of two 2 MiB parts on a full device holds one received handle; the second arrives while
+// the run tries to create the part left. That try fails, and the handle that arrived stays held:
+// the next try maps both. A handle that fits the run is never sent to the driver to make room
+// (it used to be, and the run created its part from it: the giver's memory went back to the
+// driver and came out again).
+TEST_F(HandoffWait, HandleArrivingWhileARunCreatesIsMappedByItsNextTry) {
+  ASSERT_EQ(tagmem_init(nullptr), TAGMEM_SUCCESS) << tagmem_last_error();
+  constexpr std::size_t part = 2 * MiB;
+  runtime::hold h;
+  device& dev = h.dev(0);
+  ASSERT_NE(dev.peers(), nullptr) << "handoff is off";
+  context_guard guard(dev.context());
+  const auto& api = driver::api();
+  CUmemGenericAllocationHandle early = 0, late = 0;
+  ASSERT_EQ(api.cuMemCreate(&early, part, &dev.allocation_prop(), 0), CUDA_SUCCESS);
+  ASSERT_EQ(api.cuMemCreate(&late, part, &dev.allocation_prop(), 0), CUDA_SUCCESS);
+  CUdeviceptr va = 0;
+  ASSERT_EQ(api.cuMemAddressReserve(&va, 2 * part, 0, 0, 0), CUDA_SUCCESS);
+  fill_device();
+  physical_source& held = dev.peers()->held();
+  ASSERT_TRUE(held.put_back({early, part}));
+  arriving_late source(held, {late, part});
+  bool make_room = true;
+  try {
+    const auto parts = map_parts(dev, va, 2 * part, false, &source, &make_room);
+    ADD_FAILURE() << "the run was mapped with a handle of its own making";
+    unmap_parts(dev, va, 2 * part, parts, false);
+  } catch (const error& e) {
+    EXPECT_EQ(e.code(), TAGMEM_ERROR_OUT_OF_MEMORY) << e.what();
+    EXPECT_EQ(held.bytes(), 2 * part) << "a handle held was not kept for the next try";
+    const auto parts = map_parts(dev, va, 2 * part, false, &source, &make_room);
+    EXPECT_EQ(parts.size(), 2u);
+    unmap_parts(dev, va, 2 * part, parts, false);
+  }
+  const tagmem_handoff_stats s = handoff_stats();
+  EXPECT_EQ(s.returned_bytes, 0u);
+  EXPECT_EQ(s.mapped_received_bytes, 2 * part);
+  EXPECT_EQ(api.cuMemAddressFree(va, 2 * part), CUDA_SUCCESS);
 }
 
 }  // namespace
