@@ -43,10 +43,15 @@ class physical_source {
   bool put_back(const physical_part& p) noexcept { return do_put_back(p); }
   // Notes that `bytes` taken from here are mapped now (statistics).
   void mapped(std::size_t bytes) noexcept { do_mapped(bytes); }
+  // How many handles have arrived so far (put back ones do not count).
+  std::uint64_t arrivals() const noexcept { return do_arrivals(); }
   // Sends one handle to the driver, the smallest, for room to create `bytes` that the handles
-  // taken do not cover; false, sending none, when none is held or one held fits in `bytes` (it
-  // arrived after the take: the caller's next try maps it).
-  bool release_one(std::size_t bytes) noexcept { return do_release_one(bytes); }
+  // taken do not cover. False, sending none, when none is held, or when one may serve the
+  // caller's next try instead: one arrived since `arrivals_seen` (the caller's arrivals() before
+  // it looked at what is held), or one fits in `bytes`.
+  bool release_one(std::size_t bytes, std::uint64_t arrivals_seen) noexcept {
+    return do_release_one(bytes, arrivals_seen);
+  }
   std::size_t bytes() const noexcept { return do_bytes(); }
   // The size of the largest handle held (0 when none).
   std::size_t largest() const noexcept { return do_largest(); }
@@ -58,7 +63,8 @@ class physical_source {
   virtual void do_take_up_to(std::size_t bytes, meta_vector<physical_part>& out) = 0;
   virtual bool do_put_back(const physical_part& p) noexcept = 0;
   virtual void do_mapped(std::size_t bytes) noexcept = 0;
-  virtual bool do_release_one(std::size_t bytes) noexcept = 0;
+  virtual std::uint64_t do_arrivals() const noexcept = 0;
+  virtual bool do_release_one(std::size_t bytes, std::uint64_t arrivals_seen) noexcept = 0;
   virtual std::size_t do_bytes() const noexcept = 0;
   virtual std::size_t do_largest() const noexcept = 0;
 };
@@ -84,9 +90,11 @@ class peer_memory {
   void reload_done() noexcept { do_reload_done(); }
   // Held handles larger than `largest_run` go to the driver (0: every held handle).
   void release_unfit(std::size_t largest_run) noexcept { do_release_unfit(largest_run); }
-  // Waits until a handle arrives or `until`; returns whether one did.
-  bool wait_for_more(std::chrono::steady_clock::time_point until) noexcept {
-    return do_wait_for_more(until);
+  // Waits until `until` unless a handle has arrived since `arrivals_seen` (held().arrivals()
+  // before the caller last looked); returns whether one did.
+  bool wait_for_more(std::chrono::steady_clock::time_point until,
+                     std::uint64_t arrivals_seen) noexcept {
+    return do_wait_for_more(until, arrivals_seen);
   }
   // A reload waited `how_long` for memory (statistics); `timed_out`: and then gave up.
   void waited(std::chrono::nanoseconds how_long, bool timed_out) noexcept {
@@ -104,7 +112,8 @@ class peer_memory {
   virtual void do_reloading(std::size_t wanted, std::size_t largest_run) noexcept = 0;
   virtual void do_reload_done() noexcept = 0;
   virtual void do_release_unfit(std::size_t largest_run) noexcept = 0;
-  virtual bool do_wait_for_more(std::chrono::steady_clock::time_point until) noexcept = 0;
+  virtual bool do_wait_for_more(std::chrono::steady_clock::time_point until,
+                                std::uint64_t arrivals_seen) noexcept = 0;
   virtual void do_waited(std::chrono::nanoseconds how_long, bool timed_out) noexcept = 0;
 };
 

@@ -184,19 +184,19 @@ namespace {
 
 // cuMemCreate of `bytes`; when the device is out of memory, kept handles and pending releases go
 // back to the driver first and it tries once more. So do received handles, unless the caller maps
-// from them (`from`: a reload, whose later runs may still use them); then, if `make_room`, one
+// from them (`from`: a reload, whose later runs may still use them); then, if `room` allows, one
 // of them that this range could not use goes, for room to create the part the others leave.
 CUmemGenericAllocationHandle create(device& dev, std::size_t bytes, physical_source* from,
-                                    bool* make_room) {
+                                    room_leave* room) {
   const auto& api = driver::api();
   CUmemGenericAllocationHandle handle = 0;
   CUresult r = api.cuMemCreate(&handle, bytes, &dev.allocation_prop(), 0);
   if (r == CUDA_ERROR_OUT_OF_MEMORY && !from && dev.peers() && dev.peers()->held().bytes() != 0) {
     dev.peers()->release_unfit(0);  // to the release queue, drained below
   }
-  if (r == CUDA_ERROR_OUT_OF_MEMORY && from && make_room && *make_room &&
-      from->release_one(bytes)) {  // to the release queue, drained below
-    *make_room = false;
+  if (r == CUDA_ERROR_OUT_OF_MEMORY && from && room && room->allowed &&
+      from->release_one(bytes, room->arrivals_seen)) {  // to the release queue, drained below
+    room->allowed = false;
   }
   if (r == CUDA_ERROR_OUT_OF_MEMORY &&
       (dev.recycler().bytes() != 0 || dev.releases().pending_bytes() != 0)) {
@@ -220,7 +220,7 @@ void dispose(device& dev, const physical_part& p, bool recycle) noexcept {
 }  // namespace
 
 meta_vector<physical_part> map_parts(device& dev, CUdeviceptr va, std::size_t bytes, bool recycle,
-                                     physical_source* from, bool* make_room) {
+                                     physical_source* from, room_leave* room) {
   const auto& api = driver::api();
   meta_vector<physical_part> parts;
   parts.reserve(1);
@@ -251,7 +251,7 @@ meta_vector<physical_part> map_parts(device& dev, CUdeviceptr va, std::size_t by
     for (const physical_part& p : parts) covered += p.size;
     if (covered < bytes) {
       parts.reserve(parts.size() + 1);
-      parts.push_back({create(dev, bytes - covered, from, make_room), bytes - covered});
+      parts.push_back({create(dev, bytes - covered, from, room), bytes - covered});
     }
     for (; mapped < parts.size(); ++mapped) {
       CUresult r = api.cuMemMap(va + at, parts[mapped].size, 0, parts[mapped].handle, 0);

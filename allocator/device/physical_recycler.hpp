@@ -36,6 +36,7 @@
 #include <cuda.h>
 
 #include <cstddef>
+#include <cstdint>
 #include <map>
 #include <mutex>
 
@@ -114,17 +115,25 @@ class physical_recycler {
 
 class physical_source;
 
+// A reload's leave to send one held handle to the driver for room (Note [reload waits for
+// peers]): `allowed` until one goes, and only while no handle arrived since the try began
+// (`arrivals_seen`, physical_source::arrivals() then): one that did may serve the next try.
+struct room_leave {
+  bool allowed = true;
+  std::uint64_t arrivals_seen = 0;
+};
+
 // Backs [va, va + bytes) with physical memory: kept handles first when `recycle`, then handles
 // from `from` (received from the job's other processes, Note [handoff] in handoff/service.hpp),
 // one new handle for the rest, mapped side by side and given access with one call. When
 // cuMemCreate runs out of memory it releases kept handles and pending releases (Note [background
 // release]), and without `from` also the received handles held, and tries again. With `from`
-// and `make_room` true it may instead send one handle of `from` that the range could not use to
-// the driver, for room to create what the others do not cover, and then sets `make_room` false
-// (Note [reload waits for peers]). On failure nothing stays mapped or created, taken handles go
-// back where they came from, and the error is thrown. Needs the device's context current.
+// and `room` allowed it may instead send one handle of `from` that the range could not use to
+// the driver, for room to create what the others do not cover, and then disallows `room`. On
+// failure nothing stays mapped or created, taken handles go back where they came from, and the
+// error is thrown. Needs the device's context current.
 meta_vector<physical_part> map_parts(device& dev, CUdeviceptr va, std::size_t bytes, bool recycle,
-                                     physical_source* from = nullptr, bool* make_room = nullptr);
+                                     physical_source* from = nullptr, room_leave* room = nullptr);
 
 // Unmaps [va, va + bytes) and disposes of its handles: kept by the recycler when `recycle`,
 // else released (a handle whose release fails goes to the release queue). Never throws: if the

@@ -69,10 +69,14 @@ inbox::clock::time_point inbox::oldest() const noexcept {
   return t;
 }
 
-bool inbox::wait_for_arrival(clock::time_point until) noexcept {
+bool inbox::wait_for_arrival(clock::time_point until, std::uint64_t seen) noexcept {
   std::unique_lock lock(mutex_);
-  const std::uint64_t seen = arrivals_;
   return arrived_.wait_until(lock, until, [&] { return arrivals_ != seen; });
+}
+
+std::uint64_t inbox::do_arrivals() const noexcept {
+  std::lock_guard lock(mutex_);
+  return arrivals_;
 }
 
 void inbox::do_take_up_to(std::size_t bytes, meta_vector<physical_part>& out) {
@@ -105,13 +109,14 @@ bool inbox::do_put_back(const physical_part& p) noexcept {
 
 void inbox::do_mapped(std::size_t bytes) noexcept { stats_.mapped_received_bytes += bytes; }
 
-// A handle of `bytes` or less arrived after the caller took what fitted: it is the caller's next
-// try's, not the driver's (sent there, the run would create its memory anew from it).
-bool inbox::do_release_one(std::size_t bytes) noexcept {
+// A handle that arrived during the caller's try, or one of `bytes` or less (which the try would
+// have taken had it been there), is the next try's, not the driver's: sent there, the run would
+// create its memory anew from it, and the giver's memory would go back and come out again.
+bool inbox::do_release_one(std::size_t bytes, std::uint64_t arrivals_seen) noexcept {
   held_map out;
   {
     std::lock_guard lock(mutex_);
-    if (held_.empty() || held_.begin()->first <= bytes) return false;
+    if (held_.empty() || arrivals_ != arrivals_seen || held_.begin()->first <= bytes) return false;
     auto it = held_.begin();  // the smallest, larger than `bytes`
     bytes_ -= it->first;
     stats_.returned_bytes += it->first;

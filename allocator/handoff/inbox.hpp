@@ -36,8 +36,9 @@ class inbox final : public physical_source {
   void release_larger_than(std::size_t largest) noexcept;
   // When the oldest held handle arrived (time_point::max() when none is held).
   clock::time_point oldest() const noexcept;
-  // Waits until a handle arrives or `until`; returns whether one did.
-  bool wait_for_arrival(clock::time_point until) noexcept;
+  // Waits until a handle has arrived since `seen` (an arrivals() figure) or `until`; returns
+  // whether one has.
+  bool wait_for_arrival(clock::time_point until, std::uint64_t seen) noexcept;
 
  private:
   struct item {
@@ -48,7 +49,8 @@ class inbox final : public physical_source {
   void do_take_up_to(std::size_t bytes, meta_vector<physical_part>& out) override;
   bool do_put_back(const physical_part& p) noexcept override;
   void do_mapped(std::size_t bytes) noexcept override;
-  bool do_release_one(std::size_t bytes) noexcept override;
+  std::uint64_t do_arrivals() const noexcept override;
+  bool do_release_one(std::size_t bytes, std::uint64_t arrivals_seen) noexcept override;
   std::size_t do_bytes() const noexcept override;
   std::size_t do_largest() const noexcept override;
   template <class Pred>

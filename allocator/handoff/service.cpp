@@ -142,8 +142,9 @@ void service::do_release_unfit(std::size_t largest_run) noexcept {
   inbox_.release_larger_than(largest_run);
 }
 
-bool service::do_wait_for_more(std::chrono::steady_clock::time_point until) noexcept {
-  return inbox_.wait_for_arrival(until);
+bool service::do_wait_for_more(std::chrono::steady_clock::time_point until,
+                               std::uint64_t arrivals_seen) noexcept {
+  return inbox_.wait_for_arrival(until, arrivals_seen);
 }
 
 void service::do_waited(std::chrono::nanoseconds how_long, bool timed_out) noexcept {

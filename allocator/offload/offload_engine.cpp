@@ -123,7 +123,7 @@ class pipeline {
   // wait_until_, for memory the job's processes give back.
   bool short_ = false;
   bool waiting_ = false;
-  bool make_room_ = true;  // a held handle may go for room until the next run maps
+  room_leave room_;  // a held handle may go for room until the next run maps
   std::chrono::steady_clock::time_point wait_start_, wait_until_;
   bool wait_for_peers(const error& why);
   void wait_for_peers_step() noexcept;
@@ -256,7 +256,10 @@ bool pipeline::map_next() {
   }
   in_run& r = in.runs[in.mapped];
   peer_memory* peers = dev_.peers();
-  if (peers) grow_to_held(in, peers->held().largest());
+  if (peers) {
+    room_.arrivals_seen = peers->held().arrivals();  // before the try looks at what is held
+    grow_to_held(in, peers->held().largest());
+  }
   // While out-mappings remain, a run maps when the memory they gave up covers it (Note [physical
   // recycling]) or the driver's free memory does; otherwise it waits for more of them.
   const bool recycled =
@@ -266,8 +269,7 @@ bool pipeline::map_next() {
   const std::size_t kept_before = dev_.recycler().bytes() + (peers ? peers->held().bytes() : 0);
   try {
     trace::span span("map", in.t->name(), r.size, trace::effect::mapped_up);
-    r.parts =
-        map_parts(dev_, r.va, r.size, recycle(), peers ? &peers->held() : nullptr, &make_room_);
+    r.parts = map_parts(dev_, r.va, r.size, recycle(), peers ? &peers->held() : nullptr, &room_);
   } catch (const error& e) {
     if (e.code() == TAGMEM_ERROR_OUT_OF_MEMORY && out_left()) {
       budget_ = 0;  // wait for the next unmap
@@ -281,7 +283,7 @@ bool pipeline::map_next() {
     return false;
   }
   ++in.mapped;
-  make_room_ = true;
+  room_.allowed = true;
   const std::size_t kept_after = dev_.recycler().bytes() + (peers ? peers->held().bytes() : 0);
   const std::size_t taken = kept_before > kept_after ? kept_before - kept_after : 0;
   budget_ -= std::min(budget_, r.size - std::min(r.size, taken));  // what was created
@@ -429,7 +431,8 @@ pipeline::~pipeline() {
 // memory to create the rest is in the handles held and not used. So the run sends one of those
 // to the driver (the smallest that leaves room for the rest) and creates the rest from it: at most
 // one per run mapped, since the giver's own reference, until it reads TAKEN, may delay the room;
-// none while a handle that fits is held (it arrived during the try, and the next try maps it). At
+// none when a handle arrived during the try (the run may grow to it or map it: the next try, at
+// once, does). At
 // the deadline it fails OUT_OF_MEMORY as it would have: finish_ins commits the in-tags before the
 // failing one and leaves it and those after offloaded with their backups intact. Two processes
 // waiting for each other both time out. Returns whether the reload waits (false: fail now).
@@ -465,7 +468,7 @@ bool pipeline::wait_for_peers(const error& why) {
 void pipeline::wait_for_peers_step() noexcept {
   short_ = false;
   const auto tick = std::chrono::steady_clock::now() + std::chrono::milliseconds(20);
-  dev_.peers()->wait_for_more(std::min(tick, wait_until_));
+  dev_.peers()->wait_for_more(std::min(tick, wait_until_), room_.arrivals_seen);
 }
 
 // ---- the loop -----------------------------------------------------------------------------

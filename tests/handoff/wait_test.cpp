@@ -13,6 +13,7 @@
 #include "api/runtime.hpp"
 #include "device/physical_flow.hpp"
 #include "emu_controls.hpp"
+#include "handoff/inbox.hpp"
 #include "harness.hpp"
 #include "peer.hpp"
 
@@ -113,66 +114,85 @@ TEST_F(HandoffWait, ReceiverThatNeverMapsGivesBackAfterHold) {
   EXPECT_EQ(corrupted(w), 0u);
 }
 
-// The process's held handles, with `late` put among them right after a run has taken what fitted:
-// a handle that arrives while the run creates the rest.
+// The process's held handles, with `late` arriving among them right after a run has taken what
+// fitted: a handle that arrives while the run creates the rest.
 class arriving_late final : public physical_source {
  public:
-  arriving_late(physical_source& held, physical_part late) : held_(held), late_(late) {}
+  arriving_late(physical_source& held, physical_part late)
+      : held_(static_cast<handoff::inbox&>(held)), late_(late) {}
 
  private:
   void do_take_up_to(std::size_t bytes, meta_vector<physical_part>& out) override {
     held_.take_up_to(bytes, out);
-    if (late_.handle != 0 && held_.put_back(late_)) late_ = {};
+    if (late_.handle != 0 && held_.put(late_)) late_ = {};
   }
   bool do_put_back(const physical_part& p) noexcept override { return held_.put_back(p); }
   void do_mapped(std::size_t bytes) noexcept override { held_.mapped(bytes); }
-  bool do_release_one(std::size_t bytes) noexcept override { return held_.release_one(bytes); }
+  std::uint64_t do_arrivals() const noexcept override { return held_.arrivals(); }
+  bool do_release_one(std::size_t bytes, std::uint64_t seen) noexcept override {
+    return held_.release_one(bytes, seen);
+  }
   std::size_t do_bytes() const noexcept override { return held_.bytes(); }
   std::size_t do_largest() const noexcept override { return held_.largest(); }
 
-  physical_source& held_;
+  handoff::inbox& held_;
   physical_part late_;
 };
 
-// A run of two 2 MiB parts on a full device holds one received handle; the second arrives while
-// the run tries to create the part left. That try fails, and the handle that arrived stays held:
-// the next try maps both. A handle that fits the run is never sent to the driver to make room
-// (it used to be, and the run created its part from it: the giver's memory went back to the
-// driver and came out again).
-TEST_F(HandoffWait, HandleArrivingWhileARunCreatesIsMappedByItsNextTry) {
+class HandoffArrival : public shared_device_test,
+                       public ::testing::WithParamInterface<std::size_t> {};
+
+// A run of 4 MiB on a full device holds one received handle of 2 MiB; another arrives while the
+// run tries to create the 2 MiB left: one of 2 MiB, which fits, or of 4 MiB, to which a reload's
+// run may grow (Note [runs grow to the handles held]). That try fails, and the handle that arrived
+// stays held for the next try, which maps received memory only. It used to go to the driver to
+// make room, and the run created its memory from it: the giver's memory went back to the driver
+// and came out again (seen as a reload that mapped one of two handles given to it).
+TEST_P(HandoffArrival, HandleArrivingDuringATryIsLeftForTheNext) {
   ASSERT_EQ(tagmem_init(nullptr), TAGMEM_SUCCESS) << tagmem_last_error();
-  constexpr std::size_t part = 2 * MiB;
+  constexpr std::size_t run = 4 * MiB;
+  const std::size_t late_size = GetParam();
   runtime::hold h;
   device& dev = h.dev(0);
   ASSERT_NE(dev.peers(), nullptr) << "handoff is off";
   context_guard guard(dev.context());
   const auto& api = driver::api();
   CUmemGenericAllocationHandle early = 0, late = 0;
-  ASSERT_EQ(api.cuMemCreate(&early, part, &dev.allocation_prop(), 0), CUDA_SUCCESS);
-  ASSERT_EQ(api.cuMemCreate(&late, part, &dev.allocation_prop(), 0), CUDA_SUCCESS);
+  ASSERT_EQ(api.cuMemCreate(&early, 2 * MiB, &dev.allocation_prop(), 0), CUDA_SUCCESS);
+  ASSERT_EQ(api.cuMemCreate(&late, late_size, &dev.allocation_prop(), 0), CUDA_SUCCESS);
   CUdeviceptr va = 0;
-  ASSERT_EQ(api.cuMemAddressReserve(&va, 2 * part, 0, 0, 0), CUDA_SUCCESS);
+  ASSERT_EQ(api.cuMemAddressReserve(&va, run, 0, 0, 0), CUDA_SUCCESS);
   fill_device();
   physical_source& held = dev.peers()->held();
-  ASSERT_TRUE(held.put_back({early, part}));
-  arriving_late source(held, {late, part});
-  bool make_room = true;
+  ASSERT_TRUE(held.put_back({early, 2 * MiB}));
+  arriving_late source(held, {late, late_size});
+  room_leave room;
+  room.arrivals_seen = held.arrivals();
   try {
-    const auto parts = map_parts(dev, va, 2 * part, false, &source, &make_room);
-    ADD_FAILURE() << "the run was mapped with a handle of its own making";
-    unmap_parts(dev, va, 2 * part, parts, false);
+    const auto parts = map_parts(dev, va, run, false, &source, &room);
+    ADD_FAILURE() << "the run was mapped with memory created from a handle that arrived";
+    unmap_parts(dev, va, run, parts, false);
   } catch (const error& e) {
     EXPECT_EQ(e.code(), TAGMEM_ERROR_OUT_OF_MEMORY) << e.what();
-    EXPECT_EQ(held.bytes(), 2 * part) << "a handle held was not kept for the next try";
-    const auto parts = map_parts(dev, va, 2 * part, false, &source, &make_room);
-    EXPECT_EQ(parts.size(), 2u);
-    unmap_parts(dev, va, 2 * part, parts, false);
+    EXPECT_EQ(held.bytes(), 2 * MiB + late_size) << "a handle held was not kept for the next try";
+    EXPECT_TRUE(room.allowed);
+    room.arrivals_seen = held.arrivals();
+    const std::uint64_t creates = emu_calls("cuMemCreate");
+    const auto parts = map_parts(dev, va, run, false, &source, &room);
+    EXPECT_EQ(emu_calls("cuMemCreate"), creates) << "the next try created memory";
+    unmap_parts(dev, va, run, parts, false);
   }
   const tagmem_handoff_stats s = handoff_stats();
   EXPECT_EQ(s.returned_bytes, 0u);
-  EXPECT_EQ(s.mapped_received_bytes, 2 * part);
-  EXPECT_EQ(api.cuMemAddressFree(va, 2 * part), CUDA_SUCCESS);
+  EXPECT_EQ(s.mapped_received_bytes, run);
+  EXPECT_EQ(api.cuMemAddressFree(va, run), CUDA_SUCCESS);
 }
+
+INSTANTIATE_TEST_SUITE_P(Sizes, HandoffArrival, ::testing::Values(2 * MiB, 4 * MiB),
+                         [](const auto& info) {
+                           return info.param == 2 * MiB ? std::string("fits_the_rest")
+                                                        : std::string("fits_a_grown_run");
+                         });
 
 }  // namespace
 }  // namespace tagmem::handoff_test
