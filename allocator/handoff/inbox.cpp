@@ -109,9 +109,10 @@ bool inbox::do_put_back(const physical_part& p) noexcept {
 
 void inbox::do_mapped(std::size_t bytes) noexcept { stats_.mapped_received_bytes += bytes; }
 
-// A handle that arrived during the caller's try, or one of `bytes` or less (which the try would
-// have taken had it been there), is the next try's, not the driver's: sent there, the run would
-// create its memory anew from it, and the giver's memory would go back and come out again.
+// A handle that arrived during the caller's try, or one of `bytes` or less (the try would have
+// taken it had it been held: another reload's try put it back, which is no arrival), is the next
+// try's, not the driver's: sent there, the run would create its memory anew from it, and the
+// giver's memory would go back and come out again.
 bool inbox::do_release_one(std::size_t bytes, std::uint64_t arrivals_seen) noexcept {
   held_map out;
   {

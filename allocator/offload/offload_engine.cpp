@@ -432,10 +432,10 @@ pipeline::~pipeline() {
 // to the driver (the smallest that leaves room for the rest) and creates the rest from it: at most
 // one per run mapped, since the giver's own reference, until it reads TAKEN, may delay the room;
 // none when a handle arrived during the try (the run may grow to it or map it: the next try, at
-// once, does). At
-// the deadline it fails OUT_OF_MEMORY as it would have: finish_ins commits the in-tags before the
-// failing one and leaves it and those after offloaded with their backups intact. Two processes
-// waiting for each other both time out. Returns whether the reload waits (false: fail now).
+// once, does). At the deadline it fails OUT_OF_MEMORY as it would have: finish_ins commits the
+// in-tags before the failing one and leaves it and those after offloaded with their backups
+// intact. Two processes waiting for each other both time out. Returns whether the reload waits
+// (false: fail now).
 bool pipeline::wait_for_peers(const error& why) {
   peer_memory* peers = dev_.peers();
   if (!peers || cfg_.handoff_wait_ms <= 0) return false;
