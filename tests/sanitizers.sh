@@ -96,6 +96,17 @@ common_env() {
   export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 }
 
+# The shim's fuzz tests with fixed seeds, so that the gate passes or fails the same way on the
+# same code (give other seeds, and more steps, to explore); given to the ASan and the TSan runs.
+shim_fuzz_env=(
+  TAGMEM_CALLS_FUZZ_STEPS="${TAGMEM_CALLS_FUZZ_STEPS:-100}"
+  TAGMEM_CALLS_FUZZ_SEED="${TAGMEM_CALLS_FUZZ_SEED:-1}"
+  TAGMEM_SETTINGS_FUZZ_ROUNDS="${TAGMEM_SETTINGS_FUZZ_ROUNDS:-10}"
+  TAGMEM_SETTINGS_FUZZ_SEED="${TAGMEM_SETTINGS_FUZZ_SEED:-1}"
+  TAGMEM_PEER_FUZZ_ROUNDS="${TAGMEM_PEER_FUZZ_ROUNDS:-20}"
+  TAGMEM_PEER_FUZZ_SEED="${TAGMEM_PEER_FUZZ_SEED:-1}"
+)
+
 # ---- 1. ASan + UBSan -------------------------------------------------------------------------
 asan=$root/address
 if [[ ",$skip," != *",asan,"* || ",$skip," != *",fuzz,"* ]]; then
@@ -130,14 +141,6 @@ if [[ ",$skip," != *",asan,"* ]]; then
   # 4th call of each cycle (tests/faults/sweep_stride.hpp; the plain build fails every call).
   export TAGMEM_FAULT_SWEEP=${TAGMEM_FAULT_SWEEP:-quick}
   export TAGMEM_FAULT_SWEEP_STRIDE=${TAGMEM_FAULT_SWEEP_STRIDE:-4}
-  # The shim's fuzz tests with fixed seeds, so that the gate passes or fails the same way on the
-  # same code (give other seeds, and more steps, to explore).
-  export TAGMEM_CALLS_FUZZ_STEPS=${TAGMEM_CALLS_FUZZ_STEPS:-100}
-  export TAGMEM_CALLS_FUZZ_SEED=${TAGMEM_CALLS_FUZZ_SEED:-1}
-  export TAGMEM_SETTINGS_FUZZ_ROUNDS=${TAGMEM_SETTINGS_FUZZ_ROUNDS:-10}
-  export TAGMEM_SETTINGS_FUZZ_SEED=${TAGMEM_SETTINGS_FUZZ_SEED:-1}
-  export TAGMEM_PEER_FUZZ_ROUNDS=${TAGMEM_PEER_FUZZ_ROUNDS:-20}
-  export TAGMEM_PEER_FUZZ_SEED=${TAGMEM_PEER_FUZZ_SEED:-1}
   # The NCCL pause/resume fault sweep fails the first, the last and every 32nd call of each entry
   # point (all of them take more than 15 minutes under ASan; the plain build sweeps every call).
   export TAGMEM_PAUSE_SWEEP_STRIDE=${TAGMEM_PAUSE_SWEEP_STRIDE:-32}
@@ -146,7 +149,7 @@ if [[ ",$skip," != *",asan,"* ]]; then
   # stored baseline.
   echo "[sanitizers] left out of the ASan run: abi_baseline_emu"
   log=$asan/ctest-emu.log
-  if (cd "$asan" && ctest -L emu -R "$filter" \
+  if (cd "$asan" && env "${shim_fuzz_env[@]}" ctest -L emu -R "$filter" \
         -E '^(abi_baseline_emu)$' -j "$jobs" \
         --timeout 1200 --output-on-failure \
         --output-log "$log" >"$asan.ctest.out" 2>&1) && scan "$log"; then
@@ -156,8 +159,7 @@ if [[ ",$skip," != *",asan,"* ]]; then
     summary+=("asan+ubsan: FAILED (see $asan.ctest.out, $log)")
     failed=1
   fi
-  unset TAGMEM_FAULT_SWEEP TAGMEM_FAULT_SWEEP_STRIDE TAGMEM_CALLS_FUZZ_STEPS TAGMEM_CALLS_FUZZ_SEED \
-    TAGMEM_SETTINGS_FUZZ_ROUNDS TAGMEM_SETTINGS_FUZZ_SEED TAGMEM_PEER_FUZZ_ROUNDS TAGMEM_PEER_FUZZ_SEED
+  unset TAGMEM_FAULT_SWEEP TAGMEM_FAULT_SWEEP_STRIDE
 fi
 
 # ---- 2. the fuzzer ---------------------------------------------------------------------------
@@ -225,13 +227,7 @@ if [[ ",$skip," != *",tsan,"* ]]; then
      # and jobs beside interposed calls, thread exits), under the shim as ctest starts it. Its
      # tags reserve 16 GiB of addresses at a time, not 256: ThreadSanitizer leaves a program
      # about 1.5 TiB of address space, which the suite's tags would use up.
-     (cd "$tsan" && TAGMEM_ARENA_BYTES=16GiB \
-        TAGMEM_CALLS_FUZZ_STEPS=${TAGMEM_CALLS_FUZZ_STEPS:-100} \
-        TAGMEM_CALLS_FUZZ_SEED=${TAGMEM_CALLS_FUZZ_SEED:-1} \
-        TAGMEM_SETTINGS_FUZZ_ROUNDS=${TAGMEM_SETTINGS_FUZZ_ROUNDS:-10} \
-        TAGMEM_SETTINGS_FUZZ_SEED=${TAGMEM_SETTINGS_FUZZ_SEED:-1} \
-        TAGMEM_PEER_FUZZ_ROUNDS=${TAGMEM_PEER_FUZZ_ROUNDS:-20} \
-        TAGMEM_PEER_FUZZ_SEED=${TAGMEM_PEER_FUZZ_SEED:-1} \
+     (cd "$tsan" && env TAGMEM_ARENA_BYTES=16GiB "${shim_fuzz_env[@]}" \
         ctest -R '^(preload_emu|preload_calls_fuzz_emu)$' --timeout 900 -V) >>"$log" 2>&1 &&
      scan "$log"; then
     summary+=("tsan: $(grep -cE '^([0-9]+: )?\[       OK \]' "$log") threaded tests passed in $((SECONDS - start))s")
