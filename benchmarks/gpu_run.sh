@@ -4,7 +4,9 @@
 #   bash benchmarks/gpu_run.sh <build-dir> <out-dir>
 #
 # Runs, in order (each program verifies its own bytes; any failure makes the exit status 1):
-#   1. tagmem_bench_pinning       how to pin the host store (docs/performance.md, "Pinning")
+#   1. tagmem_bench_pinning       how to pin the host store (docs/performance.md, "Pinning"),
+#      tagmem_bench_shared_host   then host memory shared by two processes (a replicated tag's
+#                                 host copy): memfd + register against host-located cuMem
 #   2. tagmem_bench_vmm           what one physical mapping costs, by size ("Mapping costs")
 #   3. tagmem_bench_offload       raw link, weights (+pre-pinned), many small, kv cache, swap
 #                                 (roomy and memory-tight): the scenario table
@@ -41,8 +43,8 @@ build=$(cd "$1" && pwd) || exit 2
 out=$2
 mkdir -p "$out" && out=$(cd "$out" && pwd) || exit 2
 bench="$build/benchmarks"
-for b in tagmem_bench_pinning tagmem_bench_vmm tagmem_bench_offload tagmem_bench_link_anatomy \
-    tagmem_bench_random_allocations tagmem_bench_release_aftermath; do
+for b in tagmem_bench_pinning tagmem_bench_shared_host tagmem_bench_vmm tagmem_bench_offload \
+    tagmem_bench_link_anatomy tagmem_bench_random_allocations tagmem_bench_release_aftermath; do
   [[ -x "$bench/$b" ]] || { echo "missing $bench/$b: build the benchmarks first" >&2; exit 2; }
 done
 
@@ -86,6 +88,8 @@ wanted() { [[ $skip != *",$1,"* ]]; }
 if wanted pinning; then
   run pinning "$bench/tagmem_bench_pinning" --bytes="$pin_bytes" --threads=1,8,16 \
     --tsv="$out/pinning.tsv"
+  run shared_host "$bench/tagmem_bench_shared_host" --bytes="$(mib 16384 64)" \
+    --tsv="$out/shared_host.tsv"
 fi
 if wanted vmm; then
   run vmm "$bench/tagmem_bench_vmm" --bytes="$vmm_bytes" --sizes=2M,20M,64M,512M,1G,4G \
@@ -179,6 +183,8 @@ for f in "$out"/rl_*.tsv; do
 done
 show_tsv "release aftermath (copy engines against the copy kernel)" "$out/aftermath.tsv"
 show_tsv "pinning $pin_bytes (time to pin; copy rates into the pinned memory)" "$out/pinning.tsv"
+show_tsv "shared host memory $(mib 16384 64) (make and open across two processes; copy rates)" \
+  "$out/shared_host.tsv"
 show_tsv "vmm costs over $vmm_bytes" "$out/vmm.tsv" 'us per chunk|ms all|one |threads'
 show_tsv "vmm costs over 60 GiB" "$out/vmm_kv.tsv" 'us per chunk|ms all|one |threads|never'
 if [[ -f "$out/random_allocations.json" ]]; then
