@@ -189,6 +189,12 @@ void block_pool::live_ranges(meta_vector<std::pair<CUdeviceptr, std::size_t>>& o
   }
 }
 
+void block_pool::unused_segments(meta_vector<std::pair<CUdeviceptr, std::size_t>>& out) const {
+  for (const auto& [base, s] : segments_) {
+    if (s->live == 0) out.emplace_back(base, s->size);
+  }
+}
+
 bool block_pool::free(CUdeviceptr ptr, CUstream stream) {
   auto it = live_.find(ptr);
   if (it == live_.end()) return false;

@@ -95,6 +95,8 @@ class block_pool {
   bool has_releasable() const;
   // Appends the allocated blocks' ranges (address, bytes), by address.
   void live_ranges(meta_vector<std::pair<CUdeviceptr, std::size_t>>& out) const;
+  // Appends the ranges (base, bytes) of the segments that hold no live block, by address.
+  void unused_segments(meta_vector<std::pair<CUdeviceptr, std::size_t>>& out) const;
 
   const pool_totals& totals() const noexcept { return totals_; }
 

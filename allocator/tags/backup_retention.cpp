@@ -70,21 +70,28 @@ void release_freed_backup(tag& t, CUdeviceptr ptr, std::size_t size, host_store&
   }
   if (t.partial() || t.mode() != TAGMEM_BACKUP) return;
   try {
-    const CUdeviceptr end = ptr + size;
+    // The device ranges that hold no live block: the freed block's span and every segment left
+    // without a live block (an offload copies whole mappings, so a segment cached before it, a
+    // probe's or a freed tensor's, is in the backup too and would keep its slab pinned).
+    meta_vector<std::pair<CUdeviceptr, std::size_t>> dead;
+    t.pool().unused_segments(dead);
+    dead.emplace_back(ptr, size);
+    std::sort(dead.begin(), dead.end());
     meta_vector<backup_piece> pieces;
     meta_vector<host_extent> gone;
-    pieces.reserve(t.pieces().size() + 1);
+    pieces.reserve(t.pieces().size() + dead.size());
     for (const backup_piece& p : t.pieces()) {
       const CUdeviceptr p_end = p.dev + p.bytes;
-      if (p_end <= ptr || p.dev >= end) {
-        pieces.push_back(p);
-        continue;
+      CUdeviceptr at = p.dev;  // what is left of the piece starts here
+      for (const auto& [d, n] : dead) {
+        const CUdeviceptr from = std::max(d, at);
+        const CUdeviceptr to = std::min<CUdeviceptr>(d + n, p_end);
+        if (from >= to) continue;
+        if (at < from) pieces.push_back({at, p.host + (at - p.dev), std::size_t(from - at)});
+        gone.push_back({p.host + (from - p.dev), std::size_t(to - from)});
+        at = to;
       }
-      const CUdeviceptr from = std::max(p.dev, ptr);
-      const CUdeviceptr to = std::min(p_end, end);
-      if (p.dev < from) pieces.push_back({p.dev, p.host, std::size_t(from - p.dev)});
-      gone.push_back({p.host + (from - p.dev), std::size_t(to - from)});
-      if (to < p_end) pieces.push_back({to, p.host + (to - p.dev), std::size_t(p_end - to)});
+      if (at < p_end) pieces.push_back({at, p.host + (at - p.dev), std::size_t(p_end - at)});
     }
     if (gone.empty()) return;
     meta_vector<host_extent> extents = without(t.extents(), gone);

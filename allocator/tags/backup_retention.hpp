@@ -34,10 +34,11 @@ bool kept_backup_current(const tag& t) noexcept;
 // address handed out for it (tagmem_host_view: torch_memory_saver's get_cpu_backup pointer, which
 // its callers see unpinned after the free) is no longer pinned memory unless other backups still
 // share its slab. In a tag offloaded with BACKUP the device range the free leaves without a live
-// block ([ptr, ptr + size): the block with its free neighbours) is cut out of the backup (the
-// reload restores the rest); a resident tag's kept backup, which the free makes stale
-// (kept_backup_current), is given back whole. The offload/reload cycle itself keeps its slabs
-// (Note [pin once] in host/host_store.hpp): only frees of backed-up memory unpin.
+// block ([ptr, ptr + size): the block with its free neighbours) is cut out of the backup, and so
+// is every segment of the tag that holds no live block (an offload copies whole mappings, cached
+// segments included); the reload restores the rest. A resident tag's kept backup, which the free
+// makes stale (kept_backup_current), is given back whole. The offload/reload cycle itself keeps
+// its slabs (Note [pin once] in host/host_store.hpp): only frees of backed-up memory unpin.
 void release_freed_backup(tag& t, CUdeviceptr ptr, std::size_t size, host_store& store) noexcept;
 
 }  // namespace tagmem

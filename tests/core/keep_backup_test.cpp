@@ -225,8 +225,7 @@ TEST_F(KeepBackup, AFreedAllocationsHostCopyGoesBackAndIsUnpinnedWithItsSlab) {
   EXPECT_EQ(host_bytes_of("f"), 0u);
   EXPECT_FALSE(pinned(kept)) << "the kept copy's slab held nothing else";
 
-  // Freed while paused, in a tag of its own ("f" still maps its free segment, whose bytes a
-  // backup of "f" would hold).
+  // Freed while paused, in a tag of its own.
   const char* own[] = {"p"};
   auto one = fill(rng, "p", 1, 4096);
   TAGMEM_OK(tagmem_offload(own, 1, 0, TAGMEM_BACKUP));
@@ -239,6 +238,32 @@ TEST_F(KeepBackup, AFreedAllocationsHostCopyGoesBackAndIsUnpinnedWithItsSlab) {
   auto again = fill(rng, "p", 2, 4096);  // the store pins afresh for the next backup
   TAGMEM_OK(tagmem_offload(own, 1, 0, TAGMEM_BACKUP));
   TAGMEM_OK(tagmem_reload(own, 1, 0));
+  EXPECT_EQ(corrupted(again), 0u);
+  free_all(again);
+}
+
+// A paused tag's backup also holds the bytes of segments that no live allocation uses (an
+// offload copies whole mappings): a probe freed before the pause, as PyTorch's pools leave them.
+// Freeing the tag's last allocation gives all of it back, so its address is no longer pinned.
+TEST_F(KeepBackup, AFreeWhilePausedGivesBackTheCopiesOfSegmentsWithoutALiveAllocation) {
+  auto rng = rng_for_test();
+  const char* tags[] = {"q"};
+  auto probe = fill(rng, "q", 1, 512);  // a small segment of its own, then cached
+  free_all(probe);
+  auto two = fill(rng, "q", 2, (2 << 20) + 4096);  // one large segment
+  TAGMEM_OK(tagmem_offload(tags, 1, 0, TAGMEM_BACKUP));
+  const void* first = host_of(two[0].ptr);
+  ASSERT_NE(first, nullptr) << tagmem_last_error();
+  ASSERT_TRUE(pinned(first));
+  TAGMEM_OK(tagmem_free(two[0].ptr, nullptr));
+  EXPECT_TRUE(pinned(first)) << "its slab still holds the other allocation's copy";
+  TAGMEM_OK(tagmem_free(two[1].ptr, nullptr));
+  EXPECT_EQ(host_bytes_of("q"), 0u) << "copies of memory no allocation uses were kept";
+  EXPECT_FALSE(pinned(first));
+  TAGMEM_OK(tagmem_reload(tags, 1, 0));
+  auto again = fill(rng, "q", 2, 4096);  // the tag works on after it
+  TAGMEM_OK(tagmem_offload(tags, 1, 0, TAGMEM_BACKUP));
+  TAGMEM_OK(tagmem_reload(tags, 1, 0));
   EXPECT_EQ(corrupted(again), 0u);
   free_all(again);
 }
