@@ -174,6 +174,33 @@ double median(std::vector<double> v) {
   return v.size() % 2 ? v[m] : (v[m - 1] + v[m]) / 2;
 }
 
+double copy_rate(const std::vector<host_range>& ranges, CUdeviceptr dev, std::size_t dev_bytes,
+                 bool to_host, CUstream s) {
+  auto once = [&] {
+    for (const host_range& r : ranges) {
+      for (std::size_t off = 0; off < r.size; off += dev_bytes) {
+        const std::size_t n = std::min(dev_bytes, r.size - off);
+        if (to_host) {
+          BENCH_CU(cuMemcpyDtoHAsync, r.base + off, dev, n, s);
+        } else {
+          BENCH_CU(cuMemcpyHtoDAsync, dev, r.base + off, n, s);
+        }
+      }
+    }
+    BENCH_CU(cuStreamSynchronize, s);
+  };
+  once();
+  std::vector<double> t;
+  std::size_t total = 0;
+  for (const host_range& r : ranges) total += r.size;
+  for (int i = 0; i < 3; ++i) {
+    const auto t0 = clock::now();
+    once();
+    t.push_back(seconds_since(t0));
+  }
+  return total / median(t) / 1e9;
+}
+
 std::string fixed(double v, int digits) {
   if (std::isnan(v)) return "n/a";
   char buf[64];

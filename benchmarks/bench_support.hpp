@@ -73,6 +73,17 @@ inline double seconds_since(clock::time_point t0) {
 }
 double median(std::vector<double> v);  // NaN for an empty vector
 
+// Host memory a rate is measured through.
+struct host_range {
+  char* base = nullptr;
+  std::size_t size = 0;
+};
+// Copy rate (GB/s) between a device buffer of `dev_bytes` and every byte of `ranges`, one
+// direction: each range in pieces of at most `dev_bytes` on stream `s`, one pass to warm up, the
+// median of three timed passes.
+double copy_rate(const std::vector<host_range>& ranges, CUdeviceptr dev, std::size_t dev_bytes,
+                 bool to_host, CUstream s);
+
 // The rows every program prints last: scenario, metric, value, and a note (ratio, target).
 struct result_row {
   std::string scenario, metric, value, note;

@@ -90,6 +90,14 @@ void reply_line(FILE* out, const std::string& line) {
   std::fflush(out);
 }
 
+bool parent_pipes(FILE** in, FILE** out, const char* option) {
+  *in = fdopen(3, "r");
+  *out = fdopen(4, "w");
+  if (*in && *out) return true;
+  std::fprintf(stderr, "%s is for the benchmark's own child processes\n", option);
+  return false;
+}
+
 void serve(FILE* in, FILE* out, const std::function<std::string(const std::string&)>& handle) {
   char line[256];
   while (std::fgets(line, sizeof line, in)) {

@@ -41,6 +41,9 @@ void finish(child& c);
 // Both sides' calls at the same time: the commands go out before either reply is read.
 std::pair<answer, answer> ask_both(child& out, const char* out_cmd, child& in, const char* in_cmd);
 
+// The child's side: its command and reply pipes (fds 3 and 4); false, with a message naming
+// `option` as the parent's own, when this process was not started as a child.
+bool parent_pipes(FILE** in, FILE** out, const char* option);
 // The child's side: writes one reply line to `out`.
 void reply_line(FILE* out, const std::string& line);
 // Answers "ready" and hands every other command to `handle` (an empty reply: unknown command),

@@ -79,12 +79,8 @@ std::string offload_now() {
 }  // namespace
 
 int run_replica_role(env& e, int rank) {
-  FILE* in = fdopen(3, "r");
-  FILE* out = fdopen(4, "w");
-  if (!in || !out) {
-    std::fprintf(stderr, "--replica-role is for the replicated scenario's children\n");
-    return 2;
-  }
+  FILE *in = nullptr, *out = nullptr;
+  if (!parent_pipes(&in, &out, "--replica-role")) return 2;
   try {
     session tm;
     dataset d(kTag[0], replica_sizes(e.opt.scale));

@@ -123,12 +123,8 @@ std::string c1_steady_ms(const std::vector<double>& v) {
 }  // namespace
 
 int run_rl_role(env& e, const std::string& role) {
-  FILE* in = fdopen(3, "r");
-  FILE* out = fdopen(4, "w");
-  if (!in || !out) {
-    std::fprintf(stderr, "--rl-role is for the rl_two_process scenario's children\n");
-    return 2;
-  }
+  FILE *in = nullptr, *out = nullptr;
+  if (!parent_pipes(&in, &out, "--rl-role")) return 2;
   side s;
   int round = 0;
   try {

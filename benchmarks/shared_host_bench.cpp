@@ -164,25 +164,7 @@ struct side {
 
 // Copy rate (GB/s) between the device buffer and all of `host`, one direction.
 double copy_rate(const side& sd, char* host, bool to_host) {
-  auto once = [&] {
-    for (std::size_t off = 0; off < sd.n; off += sd.piece) {
-      const std::size_t k = std::min(sd.piece, sd.n - off);
-      if (to_host) {
-        BENCH_CU(cuMemcpyDtoHAsync, host + off, sd.dev, k, sd.s);
-      } else {
-        BENCH_CU(cuMemcpyHtoDAsync, sd.dev, host + off, k, sd.s);
-      }
-    }
-    BENCH_CU(cuStreamSynchronize, sd.s);
-  };
-  once();
-  std::vector<double> t;
-  for (int i = 0; i < 3; ++i) {
-    auto t0 = clock::now();
-    once();
-    t.push_back(seconds_since(t0));
-  }
-  return sd.n / median(t) / 1e9;
+  return bench::copy_rate({{host, sd.n}}, sd.dev, sd.piece, to_host, sd.s);
 }
 
 // Byte i of the shared memory holds pattern byte i + shift.
@@ -229,12 +211,8 @@ std::size_t shift_of(int writer) { return writer == 0 ? 0 : 1000003; }
 
 // The importer's side: opens what --fd names, then checks, measures and writes on command.
 int run_importer(const std::string& how, int fd, std::size_t n, int numa) {
-  FILE* in = fdopen(3, "r");
-  FILE* out = fdopen(4, "w");
-  if (!in || !out) {
-    std::fprintf(stderr, "--importer is for the benchmark's own child process\n");
-    return 2;
-  }
+  FILE *in = nullptr, *out = nullptr;
+  if (!parent_pipes(&in, &out, "--importer")) return 2;
   try {
     use_device0();
     device dev(0, make_config(nullptr));
