@@ -8,12 +8,13 @@
 //
 //   tagmem_bench_shared_host [--bytes=16G] [--tsv=shared_host.tsv]
 //
-// Methods: memfd, exactly as replica/shared_buffer.cpp makes and adopts it (shared_buffer's own
-// create and adopt: memfd, size, seals, MAP_SHARED, fault-in on TAGMEM_HOST_PIN_THREADS threads,
-// cuMemHostRegister; the importer maps and registers); and host-located cuMem (cuMemCreate on the
-// device's host NUMA node with POSIX-fd handles, exported; reserve + map + access for the device
-// and the host; the importer imports, reserves, maps and sets access). A driver error while
-// making or opening the cuMem way is reported as "not supported by this driver", not a failure.
+// Methods: the two ways of replica/host_share.hpp, through its own make and open, so the figures
+// are the replica tier's: memfd (memfd, size, seals, MAP_SHARED, fault-in on
+// TAGMEM_HOST_PIN_THREADS threads, cuMemHostRegister; the importer maps and registers) and
+// host-located cuMem (cuMemCreate on the device's host NUMA node with POSIX-fd handles, exported;
+// reserve + map + access for the device and the host; the importer imports, reserves, maps and
+// sets access). Where the driver refuses host cuMem (make falls back to the memfd) that way is
+// reported as "not supported by this driver", not a failure.
 //
 // The importer is this program started again (children.hpp: fork + exec, so no CUDA state crosses
 // the fork) and driven over its pipes. The shared memory's descriptor reaches it by inheritance:
@@ -44,26 +45,15 @@
 #include "dataset.hpp"
 #include "device/device.hpp"
 #include "options/config.hpp"
-#include "replica/shared_buffer.hpp"
+#include "replica/host_share.hpp"
 
 using namespace tagmem;
 using namespace tagmem::bench;
 
 namespace {
 
-constexpr std::uint64_t kIdentity = 0x736861726564686full;  // what adopt() checks the header for
 constexpr std::uint64_t kSeed = 0x73686d656d;
 constexpr const char* kRefused = "not supported by this driver: ";
-
-// A driver error on the cuMem way's setup: the driver does not offer that way (run_way tells it
-// from a failure by kRefused, also in an importer's reply).
-void cu_or_refuse(CUresult r, const char* call) {
-  if (r == CUDA_SUCCESS) return;
-  const char* name = nullptr;
-  if (cu().cuGetErrorName(r, &name) != CUDA_SUCCESS || name == nullptr) name = "unknown error";
-  throw std::runtime_error(std::string(kRefused) + name + " (" + call + ")");
-}
-#define REFUSABLE(name, ...) cu_or_refuse(cu().name(__VA_ARGS__), #name)
 
 // The driver table has no cuDeviceGetName (tagmem never needs it); the header does.
 std::string device_name() {
@@ -76,70 +66,6 @@ std::string device_name() {
   }
   return name[0] ? name : using_emulator() ? "emulated device" : "unknown device";
 }
-
-int host_numa_id() {
-  int id = -1;
-  if (cu().cuDeviceGetAttribute(&id, CU_DEVICE_ATTRIBUTE_HOST_NUMA_ID, 0) != CUDA_SUCCESS) id = -1;
-  return id >= 0 ? id : 0;
-}
-
-// Host cuMem mapped for device 0 and the host; the destructor undoes what was done.
-struct cumem_mapping {
-  CUmemGenericAllocationHandle handle = 0;
-  CUdeviceptr va = 0;
-  std::size_t size = 0;
-  bool mapped = false;
-  int fd = -1;  // the exporter's shareable handle
-  ~cumem_mapping() {
-    if (mapped) cu().cuMemUnmap(va, size);
-    if (va) cu().cuMemAddressFree(va, size);
-    if (handle) cu().cuMemRelease(handle);
-    if (fd >= 0) close(fd);
-  }
-};
-
-// Rounds `n` up to the granularity; `import_fd` < 0 creates and exports, else imports it.
-std::unique_ptr<cumem_mapping> cumem_map(std::size_t n, int numa, int import_fd) {
-  CUmemAllocationProp prop{};
-  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
-  prop.location.type = CU_MEM_LOCATION_TYPE_HOST_NUMA;
-  prop.location.id = numa;
-  prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
-  std::size_t gran = 0;
-  REFUSABLE(cuMemGetAllocationGranularity, &gran, &prop, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED);
-  auto m = std::make_unique<cumem_mapping>();
-  m->size = (n + gran - 1) / gran * gran;
-  if (import_fd < 0) {
-    REFUSABLE(cuMemCreate, &m->handle, m->size, &prop, 0);
-    REFUSABLE(cuMemExportToShareableHandle, &m->fd, m->handle,
-              CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
-  } else {
-    const CUresult r = cu().cuMemImportFromShareableHandle(
-        &m->handle, reinterpret_cast<void*>(static_cast<std::intptr_t>(import_fd)),
-        CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
-    close(import_fd);  // the handle holds the memory
-    cu_or_refuse(r, "cuMemImportFromShareableHandle");
-  }
-  REFUSABLE(cuMemAddressReserve, &m->va, m->size, gran, 0, 0);
-  REFUSABLE(cuMemMap, m->va, m->size, 0, m->handle, 0);
-  m->mapped = true;
-  CUmemAccessDesc d[2] = {};
-  d[0].location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-  d[0].location.id = 0;
-  d[1].location.type = CU_MEM_LOCATION_TYPE_HOST_NUMA;
-  d[1].location.id = numa;
-  d[0].flags = d[1].flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-  REFUSABLE(cuMemSetAccess, m->va, m->size, d, 2);
-  return m;
-}
-
-// One way's shared memory as this process holds it.
-struct shared_host {
-  std::unique_ptr<shared_buffer> memfd;
-  std::unique_ptr<cumem_mapping> cumem;
-  char* host() const { return memfd ? memfd->data() : reinterpret_cast<char*>(cumem->va); }
-  int fd() const { return memfd ? memfd->fd() : cumem->fd; }
-};
 
 // What each process copies with: its device buffer, stream, private staging and the pattern.
 struct side {
@@ -210,38 +136,35 @@ std::string check_pattern(const side& sd, const char* host, std::size_t shift) {
 std::size_t shift_of(int writer) { return writer == 0 ? 0 : 1000003; }
 
 // The importer's side: opens what --fd names, then checks, measures and writes on command.
-int run_importer(const std::string& how, int fd, std::size_t n, int numa) {
+int run_importer(host_share_way way, int fd, std::size_t n) {
   FILE *in = nullptr, *out = nullptr;
   if (!parent_pipes(&in, &out, "--importer")) return 2;
   try {
     use_device0();
     device dev(0, make_config(nullptr));
     side sd(n);
-    shared_host mem;
+    std::unique_ptr<host_share> mem;
     serve(in, out, [&](const std::string& cmd) -> std::string {
       auto t0 = clock::now();
       if (cmd == "open") {
-        if (how == "memfd") {
-          mem.memfd = shared_buffer::adopt(dev, fd, kIdentity, n, 2, "the exporter");
-        } else {
-          mem.cumem = cumem_map(n, numa, fd);
-        }
+        mem = host_share::open(dev, fd, way, n, "the exporter's descriptor ");
         return "ok " + std::to_string(seconds_since(t0));
       }
       if (cmd == "check") {
-        const std::string why = check_pattern(sd, mem.host(), shift_of(0));
+        const std::string why = check_pattern(sd, mem->base(), shift_of(0));
         return why.empty() ? "ok 0" : "fail importer: " + why;
       }
       if (cmd == "rates") {
-        const double d2h = copy_rate(sd, mem.host(), true), h2d = copy_rate(sd, mem.host(), false);
+        const double d2h = copy_rate(sd, mem->base(), true),
+                     h2d = copy_rate(sd, mem->base(), false);
         return "ok 0 " + std::to_string(d2h) + " " + std::to_string(h2d);
       }
       if (cmd == "write") {
-        write_pattern(sd, mem.host(), shift_of(1));
+        write_pattern(sd, mem->base(), shift_of(1));
         return "ok 0";
       }
       if (cmd == "close") {
-        mem = {};
+        mem.reset();
         return "ok " + std::to_string(seconds_since(t0));
       }
       return {};
@@ -254,42 +177,43 @@ int run_importer(const std::string& how, int fd, std::size_t n, int numa) {
 }
 
 // One way, both processes: its table row. False when a byte check or a step failed.
-bool run_way(const std::string& how, const side& sd, device& dev, int numa, results& out) {
-  const std::string name = how == "memfd" ? "memfd + cuMemHostRegister (shared_buffer)"
-                                          : "host cuMem (HOST_NUMA create + export + map + access)";
+bool run_way(host_share_way way, const side& sd, device& dev, results& out) {
+  const std::string name = way == host_share_way::memfd
+                               ? "memfd + cuMemHostRegister"
+                               : "host cuMem (HOST_NUMA create + export + map + access)";
   const std::size_t n = sd.n;
   child kid{"importer"};
   int pass = -1;
   bool ok = true;
   try {
-    shared_host mem;
     auto t0 = clock::now();
-    if (how == "memfd") {
-      mem.memfd = shared_buffer::create(dev, kIdentity, n, 2);
-    } else {
-      mem.cumem = cumem_map(n, numa, -1);
-    }
+    std::unique_ptr<host_share> mem = host_share::make(dev, n, way);
     const double make_s = seconds_since(t0);
-    const double d2h = copy_rate(sd, mem.host(), true), h2d = copy_rate(sd, mem.host(), false);
-    write_pattern(sd, mem.host(), shift_of(0));
-    pass = fcntl(mem.fd(), F_DUPFD, 10);  // without close-on-exec: the importer inherits it
+    if (mem->way() != way) {  // the driver refused (TAGMEM_LOG=info says why)
+      throw std::runtime_error(std::string(kRefused) +
+                               "host cuMem was refused, make fell back to " +
+                               host_share_way_name(mem->way()));
+    }
+    const double d2h = copy_rate(sd, mem->base(), true), h2d = copy_rate(sd, mem->base(), false);
+    write_pattern(sd, mem->base(), shift_of(0));
+    pass = fcntl(mem->fd(), F_DUPFD, 10);  // without close-on-exec: the importer inherits it
     if (pass < 0) throw std::runtime_error("duplicating the descriptor failed");
     kid = spawn(kid.who,
-                {"tagmem_bench_shared_host", "--importer=" + how, "--fd=" + std::to_string(pass),
-                 "--bytes=" + std::to_string(n), "--numa=" + std::to_string(numa)});
+                {"tagmem_bench_shared_host", "--importer=" + std::to_string(static_cast<int>(way)),
+                 "--fd=" + std::to_string(pass), "--bytes=" + std::to_string(n)});
     close(pass);
     pass = -1;
     const double open_s = ask(kid.to, kid.from, kid.who, "open");
     ask(kid.to, kid.from, kid.who, "check");
     const answer in = ask_full(kid.to, kid.from, kid.who, "rates");
     ask(kid.to, kid.from, kid.who, "write");
-    const std::string why = check_pattern(sd, mem.host(), shift_of(1));
+    const std::string why = check_pattern(sd, mem->base(), shift_of(1));
     if (!why.empty()) throw std::runtime_error("exporter: " + why);
     const double close_in = ask(kid.to, kid.from, kid.who, "close");
     child done = std::exchange(kid, child{kid.who});
     finish(done);
     t0 = clock::now();
-    mem = {};
+    mem.reset();
     const double close_out = seconds_since(t0);
     out.add(name, "make s / GB/s", fixed(make_s, 3) + " / " + fixed(n / make_s / 1e9, 2),
             "open " + fixed(open_s, 3) + " s; exporter D2H " + fixed(d2h, 1) + ", H2D " +
@@ -321,7 +245,7 @@ bool run_way(const std::string& how, const side& sd, device& dev, int numa, resu
 }  // namespace
 
 int main(int argc, char** argv) {
-  args a(argc, argv, {"bytes", "tsv", "importer", "fd", "numa"});
+  args a(argc, argv, {"bytes", "tsv", "importer", "fd"});
   if (!a.ok()) {
     std::fprintf(stderr, "tagmem_bench_shared_host: %s\n", a.error().c_str());
     return 2;
@@ -333,21 +257,21 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "tagmem_bench_shared_host: bad option: %s\n", ex.what());
     return 2;
   }
-  if (const std::string how = a.str("importer", ""); !how.empty()) {
-    return run_importer(how, int(a.num("fd", -1)), n, int(a.num("numa", 0)));
+  if (const int way = static_cast<int>(a.num("importer", 0)); way != 0) {
+    return run_importer(static_cast<host_share_way>(way), int(a.num("fd", -1)), n);
   }
   results out;
   bool ok = true;
   try {
     use_device0();
-    const int numa = host_numa_id();
-    std::printf("# shared host memory, %s, on %s (%s driver), host NUMA node %d\n",
-                format_bytes(n).c_str(), device_name().c_str(),
-                using_emulator() ? "EMULATED" : "real CUDA", numa);
+    std::printf("# shared host memory, %s, on %s (%s driver)\n", format_bytes(n).c_str(),
+                device_name().c_str(), using_emulator() ? "EMULATED" : "real CUDA");
     std::fflush(stdout);
     device dev(0, make_config(nullptr));
     const side sd(n);
-    for (const char* how : {"memfd", "cumem"}) ok = run_way(how, sd, dev, numa, out) && ok;
+    for (host_share_way way : {host_share_way::memfd, host_share_way::cumem}) {
+      ok = run_way(way, sd, dev, out) && ok;
+    }
   } catch (const std::exception& ex) {
     std::printf("ERROR: %s\n", ex.what());
     ok = false;

@@ -67,17 +67,17 @@ class replicas {
       }
     }
   }
-  // Hands rank 0's descriptor to the others; `receive` adopts it (it must not throw).
-  void send_copy(int fd, const std::function<void(int, peers::owned_fds&)>& receive,
+  // Hands rank 0's descriptor, and what it describes, to the others; `receive` adopts it (it
+  // must not throw).
+  void send_copy(int fd, const std::string& about,
+                 const std::function<void(int, const std::string&, peers::owned_fds&)>& receive,
                  const char* what) {
     if (!session_) return;
     std::vector<peers::letter> out;
     if (fd >= 0) {
-      for (int r = 1; r < spec_.size; ++r) out.push_back({r, {}, {fd}});
+      for (int r = 1; r < spec_.size; ++r) out.push_back({r, about, {fd}});
     }
-    session_->mail(
-        out, [&](int from, const std::string&, peers::owned_fds& fds) { receive(from, fds); },
-        what);
+    session_->mail(out, receive, what);
   }
 
  private:
@@ -161,12 +161,13 @@ std::unique_ptr<shared_buffer> share(device& dev, tag& t, replication& rep, repl
     }
   }
   group.send_copy(
-      copy ? copy->fd() : -1,
-      [&](int from, peers::owned_fds& fds) {
+      copy ? copy->fd() : -1, copy ? std::to_string(static_cast<int>(copy->way())) : "",
+      [&](int from, const std::string& about, peers::owned_fds& fds) {
         try {
           TAGMEM_EXPECTS(from == 0 && fds.size() == 1, TAGMEM_ERROR_PEER,
                          group.describe(from) + " sent something else than the shared host copy");
-          copy = shared_buffer::adopt(dev, fds.take(0), identity, all[0].bytes, s.size,
+          const auto way = static_cast<host_share_way>(about == "1" ? 1 : about == "2" ? 2 : 0);
+          copy = shared_buffer::adopt(dev, fds.take(0), way, identity, all[0].bytes, s.size,
                                       group.describe(from));
         } catch (...) {
           if (!failed) failed = std::current_exception();

@@ -14,6 +14,24 @@
 
 namespace tagmem::handoff_test {
 
+namespace {
+
+bool starts_with(const char* s, const char* prefix) {
+  return std::strncmp(s, prefix, std::strlen(prefix)) == 0;
+}
+
+// The emulator names each allocation's memfd "tagmem_emu:<location type>:<id>".
+bool device_memfd(const char* target) { return starts_with(target, "/memfd:tagmem_emu:1:"); }
+
+// A shared host copy (replica/host_share.hpp): the memfd way's file, or the host cuMem way's
+// allocation, which on the emulator is a memfd at a host NUMA location (type 3).
+bool shared_copy_memfd(const char* target) {
+  return starts_with(target, "/memfd:tagmem-shared-host") ||
+         starts_with(target, "/memfd:tagmem_emu:3:");
+}
+
+}  // namespace
+
 fd_census take_fd_census() {
   fd_census c;
   DIR* d = ::opendir("/proc/self/fd");
@@ -23,8 +41,8 @@ fd_census take_fd_census() {
     char target[256] = {};
     const std::string path = std::string("/proc/self/fd/") + e->d_name;
     if (::readlink(path.c_str(), target, sizeof target - 1) <= 0) continue;
-    if (std::strncmp(target, "/memfd:tagmem_emu:", 18) == 0) ++c.device_memory;
-    if (std::strncmp(target, "/memfd:tagmem-replica", 21) == 0) ++c.shared_copies;
+    if (device_memfd(target)) ++c.device_memory;
+    if (shared_copy_memfd(target)) ++c.shared_copies;
     // Note [sockets on the real driver]: libcuda opens sockets of its own when it first loads
     // (seen on an H200, driver 580) and keeps them, so a census taken before the driver loaded
     // differs from one after by those. Sockets are counted on the emulator, where every socket
@@ -34,7 +52,8 @@ fd_census take_fd_census() {
   ::closedir(d);
   std::ifstream maps("/proc/self/maps");
   for (std::string line; std::getline(maps, line);) {
-    if (line.find("/memfd:tagmem-replica") != std::string::npos) ++c.shared_copies;
+    const std::size_t at = line.find("/memfd:");
+    if (at != std::string::npos && shared_copy_memfd(line.c_str() + at)) ++c.shared_copies;
   }
   return c;
 }
