@@ -223,12 +223,15 @@ tagmem_status tagmem_free(void* ptr, tagmem_stream stream) {
       const block* b = t->pool().find_containing(address);
       size = b ? b->size : 0;
       const auto unused = b ? free_span_around(*b) : std::pair<CUdeviceptr, std::size_t>{};
-      TAGMEM_EXPECTS(t->pool().free(address, stream), TAGMEM_ERROR_UNKNOWN_POINTER,
+      // Note [free while imported] in registry/registry_ipc.cpp: another process maps it.
+      const bool held = b && b->ptr == address && r.ipc_hold_if_imported(*t, address, size, stream);
+      TAGMEM_EXPECTS(held || t->pool().free(address, stream), TAGMEM_ERROR_UNKNOWN_POINTER,
                      "tagmem_free: " + std::to_string(address) + " in tag '" + t->name() +
                          "' is not a live allocation (already freed, or not its start)");
       t->counters().free_count++;
-      // Note [a freed allocation's host copy]: a backup exists only once the store does.
-      if (host_store* hs = r.existing_store()) {
+      // Note [a freed allocation's host copy]: a backup exists only once the store does. A held
+      // allocation's tag is resident (an imported tag cannot be offloaded).
+      if (host_store* hs = r.existing_store(); hs && !held) {
         release_freed_backup(*t, unused.first, unused.second, *hs);
       }
     }

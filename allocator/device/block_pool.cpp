@@ -195,9 +195,9 @@ void block_pool::unused_segments(meta_vector<std::pair<CUdeviceptr, std::size_t>
   }
 }
 
-bool block_pool::free(CUdeviceptr ptr, CUstream stream) {
+block* block_pool::retire(CUdeviceptr ptr, CUstream stream) {
   auto it = live_.find(ptr);
-  if (it == live_.end()) return false;
+  if (it == live_.end()) return nullptr;
   block* b = it->second;
   CUevent freed = nullptr;
   if (!names_one_stream(stream)) {  // Note [stream-ordered reuse]: record in the freeing thread
@@ -219,6 +219,38 @@ bool block_pool::free(CUdeviceptr ptr, CUstream stream) {
   b->requested = 0;
   b->stream = stream;
   b->freed = freed;
+  return b;
+}
+
+bool block_pool::free(CUdeviceptr ptr, CUstream stream) {
+  block* b = retire(ptr, stream);
+  if (!b) return false;
+  b->seg->live--;
+  merge_free(b);
+  return true;
+}
+
+bool block_pool::hold(CUdeviceptr ptr, CUstream stream) {
+  auto it = live_.find(ptr);
+  if (it == live_.end()) return false;
+  block* b = it->second;
+  auto h = held_.emplace(ptr, b).first;  // may throw: nothing changed yet
+  try {
+    retire(ptr, stream);
+  } catch (...) {
+    held_.erase(h);
+    throw;
+  }
+  b->held = true;
+  return true;
+}
+
+bool block_pool::release_held(CUdeviceptr ptr) {
+  auto it = held_.find(ptr);
+  if (it == held_.end()) return false;
+  block* b = it->second;
+  held_.erase(it);
+  b->held = false;
   b->seg->live--;
   merge_free(b);
   return true;
@@ -226,7 +258,7 @@ bool block_pool::free(CUdeviceptr ptr, CUstream stream) {
 
 void block_pool::merge_free(block* b) {
   auto mergeable = [&](block* n) {
-    return n && !n->allocated && n->stream == b->stream && !n->freed && !b->freed;
+    return n && !n->allocated && !n->held && n->stream == b->stream && !n->freed && !b->freed;
   };
   if (mergeable(b->prev)) {
     block* p = b->prev;

@@ -39,6 +39,7 @@ struct block : meta_object {
   CUstream stream = nullptr;  // the stream that may reuse it at once
   CUevent freed = nullptr;    // recorded at a free on CU_STREAM_PER_THREAD, while cached
   bool allocated = false;
+  bool held = false;  // freed, but neither cached nor merged until released (block_pool::hold)
   segment* seg = nullptr;
   block* prev = nullptr;  // neighbours inside the segment, by address
   block* next = nullptr;
@@ -56,9 +57,9 @@ struct segment : meta_object {
 // the free blocks next to it in its segment (whatever stream they are cached for).
 inline std::pair<CUdeviceptr, std::size_t> free_span_around(const block& b) noexcept {
   const block* first = &b;
-  while (first->prev && !first->prev->allocated) first = first->prev;
+  while (first->prev && !first->prev->allocated && !first->prev->held) first = first->prev;
   const block* last = &b;
-  while (last->next && !last->next->allocated) last = last->next;
+  while (last->next && !last->next->allocated && !last->next->held) last = last->next;
   return {first->ptr, std::size_t(last->ptr + last->size - first->ptr)};
 }
 
@@ -88,6 +89,13 @@ class block_pool {
   // Returns the live block starting at `ptr` to the cache, reusable at once by `stream`; false
   // (nothing changed) when no live block starts there. Throws DRIVER with nothing changed.
   bool free(CUdeviceptr ptr, CUstream stream);
+  // Frees the live block starting at `ptr` as free() does (its stream ordering and the totals),
+  // but keeps it out of the cache, and its segment in use, until release_held(ptr): another
+  // process still maps its memory. False (nothing changed) when no live block starts there.
+  // Throws DRIVER with nothing changed.
+  bool hold(CUdeviceptr ptr, CUstream stream);
+  // Caches a block that hold() kept; false when none starts at `ptr`.
+  bool release_held(CUdeviceptr ptr);
   // Releases the physical memory and virtual space of every mapping whose segments hold no live
   // block. Returns the bytes released. Only valid while every mapping is resident.
   std::size_t release_cached();
@@ -124,11 +132,14 @@ class block_pool {
   block* split(block* b, std::size_t size);
   void merge_free(block* b);
   void erase_segment(segment* s);
+  // Takes the live block at `ptr` out of the live set as a free does; nullptr when none.
+  block* retire(CUdeviceptr ptr, CUstream stream);
 
   vm_arena& arena_;
   const config& cfg_;
   free_lists free_small_, free_large_;
   meta_unordered_map<CUdeviceptr, block*> live_;
+  meta_unordered_map<CUdeviceptr, block*> held_;
   meta_map<CUdeviceptr, segment*> segments_;  // by base
   pool_totals totals_;
 };

@@ -121,6 +121,13 @@ ipc_server_counters ipc_server::counters() const {
   return c;
 }
 
+void ipc_server::after_end() noexcept {
+  try {
+    source_.imports_ended(importers());
+  } catch (...) {  // no memory for the list: what the source holds waits for the next end
+  }
+}
+
 void ipc_server::end(std::uint64_t key) noexcept {
   std::lock_guard lock(mutex_);
   std::erase_if(live_, [&](const auto& e) { return e.first == key; });
@@ -203,11 +210,14 @@ void ipc_server::run() noexcept {
       [[maybe_unused]] ssize_t r = ::read(wake_fd_, &n, sizeof n);
     }
     // Live imports first: whatever arrives (CLOSE) or a hang-up ends them.
+    bool ended = false;
     for (std::size_t i = sessions.size(); i-- > 0;) {
       if (fds[2 + i].revents == 0) continue;
       end(sessions[i].key);
       sessions.erase(sessions.begin() + static_cast<std::ptrdiff_t>(i));
+      ended = true;
     }
+    if (ended) after_end();
     if (fds[1].revents & POLLIN) {
       const int c = ::accept4(listener_->fd(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
       if (c < 0) continue;
@@ -219,6 +229,7 @@ void ipc_server::run() noexcept {
       } catch (const std::exception& e) {
         end(s.key);
         note(std::string("session-ended reason=\"") + e.what() + "\"");
+        after_end();  // it may have been live for a moment
       }
     }
   }

@@ -18,9 +18,11 @@
 //    another process still maps would leave it on the old pages while the tag reloads onto new
 //    ones: silently stale. An export that nobody maps does not hold its tag; opening it while the
 //    tag is offloaded is refused (TAG_OFFLOADED), and after a reload maps the memory there is now.
-//  - Free: as with cudaIpcGetMemHandle, the exporter keeps the allocation alive while importers
-//    use it; freeing it forgets its exports (later opens are refused), and the pages an importer
-//    maps stay its own until it closes.
+//  - Free: freeing an exported allocation forgets its exports (later opens are refused). While a
+//    live import maps any of it, the freed allocation is held out of the pool (Note [free while
+//    imported] in registry/registry_ipc.cpp), so no later allocation of the exporter lands on
+//    pages another process still reads and writes; it goes back to the pool when the last such
+//    import ends (imports_ended below).
 // One server per process, created by the first export; its thread serves one connection at a
 // time, every wait bounded by TAGMEM_HANDOFF_TIMEOUT_MS.
 #pragma once
@@ -41,6 +43,12 @@
 
 namespace tagmem::handoff {
 
+struct ipc_importer {
+  peers::process_identity who;
+  std::uint64_t ptr = 0;
+  std::uint64_t bytes = 0;
+};
+
 // Where the exports of a process live: the physical memory behind a range, now.
 class ipc_source {
  public:
@@ -50,12 +58,9 @@ class ipc_source {
   // offload can start until it returns). Throws with the reason the importer will read.
   virtual ipc_mapped export_parts(std::uint64_t ptr, std::uint64_t bytes, peers::owned_fds& fds,
                                   const std::function<void()>& live) = 0;
-};
-
-struct ipc_importer {
-  peers::process_identity who;
-  std::uint64_t ptr = 0;
-  std::uint64_t bytes = 0;
+  // Called on the server's thread, holding none of its locks, after imports ended; `live` are the
+  // imports left (read after they ended).
+  virtual void imports_ended(const std::vector<ipc_importer>& live) noexcept = 0;
 };
 
 struct ipc_server_counters {
@@ -98,6 +103,7 @@ class ipc_server {
   void run() noexcept;
   void serve_open(session& s);  // throws: the session ends
   void end(std::uint64_t key) noexcept;
+  void after_end() noexcept;  // tells the source which imports are left
 
   ipc_source& source_;
   std::string job_;

@@ -88,6 +88,10 @@ class registry {
   void ipc_close(std::uint64_t ptr);  // UNKNOWN_POINTER when no import starts there
   // Forgets the exports inside freed memory.
   void ipc_forget(std::uint64_t base, std::uint64_t size) noexcept;
+  // Note [free while imported]: with `t`'s lock held, frees the live allocation [ptr, ptr + size)
+  // into hold (block_pool::hold) when a live import maps any of it; false when none does (or no
+  // live allocation starts at ptr), for the caller to free it. Throws DRIVER, nothing changed.
+  bool ipc_hold_if_imported(tag& t, std::uint64_t ptr, std::size_t size, CUstream stream);
   handoff::ipc_server_counters ipc_counters();
   std::size_t ipc_open_here();
   // Tagged memory NCCL holds, as the LD_PRELOAD shim reports it (Note [nccl holds]).
@@ -129,8 +133,16 @@ class registry {
   void refuse_if_imported(const meta_vector<tag*>& tags, const char* operation);
   // The replicated tags of a BACKUP offload, each with its replicas (Note [replicated offload]).
   void offload_replicated_tags(int ordinal, meta_vector<tag*> list);
-  std::mutex ipc_mutex_;  // the fields below
-  tag_ipc_source ipc_source_;
+  // Gives back to their pools the held allocations that no import in `live` maps.
+  void ipc_imports_ended(const std::vector<handoff::ipc_importer>& live) noexcept;
+  struct held_free {
+    tag* owner;
+    std::uint64_t ptr;
+    std::size_t size;
+  };
+  std::mutex ipc_mutex_;         // the fields below
+  std::vector<held_free> held_;  // freed while imported (Note [free while imported])
+  tag_ipc_source ipc_source_{[this](const auto& live) { ipc_imports_ended(live); }};
   std::unique_ptr<handoff::ipc_server> ipc_server_;  // created by the first export
   std::vector<std::unique_ptr<handoff::ipc_import>> imports_;
   nccl_holds nccl_holds_;

@@ -103,6 +103,54 @@ void registry::ipc_close(std::uint64_t ptr) {
   gone.reset();  // unmaps outside the lock
 }
 
+// Note [free while imported]: another process that opened an export maps the exporter's physical
+// memory, and keeps doing so after the exporter frees the allocation (its import holds its own
+// reference). Cached at once, the freed block would be the next allocation of its size, whose
+// owner and the importer would then read and write the same bytes unknowingly. So the free holds
+// it instead: the caller sees it freed (the totals, a second free is UNKNOWN_POINTER, its stream
+// ordering recorded now), but the pool neither caches nor merges it, nor releases its segment,
+// until no live import maps any of it; the IPC server's thread then gives it back
+// (ipc_imports_ended). PyTorch's CUDA IPC keeps a sent block from reuse until its receivers let
+// go the same way. Lock order: the tag's lock, then ipc_mutex_, then the server's; the release
+// takes the tag's lock only after letting go of ipc_mutex_.
+bool registry::ipc_hold_if_imported(tag& t, std::uint64_t ptr, std::size_t size, CUstream stream) {
+  std::lock_guard lock(ipc_mutex_);
+  if (!ipc_server_) return false;
+  const std::vector<handoff::ipc_importer> live = ipc_server_->importers();
+  const bool mapped = std::any_of(live.begin(), live.end(), [&](const handoff::ipc_importer& i) {
+    return i.ptr < ptr + size && ptr < i.ptr + i.bytes;
+  });
+  if (!mapped) return false;
+  held_.reserve(held_.size() + 1);  // may throw: nothing changed yet
+  if (!t.pool().hold(ptr, stream)) return false;
+  held_.push_back({&t, ptr, size});
+  return true;
+}
+
+void registry::ipc_imports_ended(const std::vector<handoff::ipc_importer>& live) noexcept {
+  std::vector<held_free> ready;
+  {
+    std::lock_guard lock(ipc_mutex_);
+    for (std::size_t k = held_.size(); k-- > 0;) {
+      const held_free h = held_[k];
+      const bool mapped = std::any_of(live.begin(), live.end(), [&](const auto& i) {
+        return i.ptr < h.ptr + h.size && h.ptr < i.ptr + i.bytes;
+      });
+      if (mapped) continue;
+      try {
+        ready.push_back(h);
+      } catch (...) {  // no memory: it stays held until the next import ends
+        continue;
+      }
+      held_.erase(held_.begin() + static_cast<std::ptrdiff_t>(k));
+    }
+  }
+  for (const held_free& h : ready) {
+    std::lock_guard lock(h.owner->mutex());
+    h.owner->pool().release_held(h.ptr);
+  }
+}
+
 void registry::ipc_forget(std::uint64_t base, std::uint64_t size) noexcept {
   std::lock_guard lock(ipc_mutex_);
   if (ipc_server_) ipc_server_->forget_within(base, size);

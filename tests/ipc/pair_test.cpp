@@ -114,6 +114,52 @@ TEST_F(IpcPair, PeerReadsAndWritesTheSameMemory) {
   EXPECT_EQ(ipc_stats().exports, 0u);  // freeing forgets the exports
 }
 
+// Freed while the peer maps it: no allocation of the owner lands on those pages until the peer
+// closes (else the two would share bytes unknowingly); then the pool has them back.
+TEST_F(IpcPair, MemoryFreedWhileOpenIsNotReusedUntilClosed) {
+  constexpr std::size_t kSize = 4 * MiB;
+  void* a = alloc(kSize, seed_);
+  tagmem_ipc_handle h{};
+  ASSERT_EQ(tagmem_ipc_export(a, kSize, &h), TAGMEM_SUCCESS) << tagmem_last_error();
+  peer_process peer("ipc_importer", "p");
+  peer.channel().send("open " + to_text(h));
+  ASSERT_EQ(peer.channel().receive(), "opened 0 " + std::to_string(kSize));
+
+  ASSERT_EQ(tagmem_free(a, nullptr), TAGMEM_SUCCESS) << tagmem_last_error();
+  EXPECT_EQ(tagmem_free(a, nullptr), TAGMEM_ERROR_UNKNOWN_POINTER) << "a second free passed";
+  EXPECT_EQ(ipc_stats().exports, 0u);  // freeing forgets the export
+  void* b = alloc(kSize, seed_ + 1);   // the size that would reuse a's block at once
+  EXPECT_NE(b, a) << "memory the peer maps was handed out again";
+  peer.channel().send("check 0 " + std::to_string(seed_));
+  EXPECT_EQ(peer.channel().receive(), "same")
+      << "the owner's new allocation wrote the peer's bytes";
+  peer.channel().send("write 0 " + std::to_string(seed_ + 2));
+  ASSERT_EQ(peer.channel().receive(), "written");
+  EXPECT_TRUE(read_device(b, kSize) == random_bytes(seed_ + 1, kSize))
+      << "the peer's writes reached the owner's new allocation";
+  ASSERT_EQ(tagmem_empty_cache(0), TAGMEM_SUCCESS) << tagmem_last_error();
+  peer.channel().send("check 0 " + std::to_string(seed_ + 2));
+  EXPECT_EQ(peer.channel().receive(), "same");
+
+  peer.channel().send("close 0");
+  ASSERT_EQ(peer.channel().receive(), "closed");
+  ASSERT_TRUE(importers_become(0));
+  // Given back to the pool on the IPC thread once the import has ended: the best fit for its size
+  // again (nothing else of that size is cached).
+  bool back = false;
+  for (int i = 0; i < 1000 && !back; ++i) {
+    void* c = nullptr;
+    ASSERT_EQ(tagmem_malloc_tagged(&c, kSize, "w", 0, nullptr), TAGMEM_SUCCESS);
+    back = c == a;
+    ASSERT_EQ(tagmem_free(c, nullptr), TAGMEM_SUCCESS);
+    if (!back) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_TRUE(back) << "the freed allocation stayed out of the pool after the peer closed";
+  peer.channel().send("exit");
+  EXPECT_EQ(peer.wait(), 0);
+  ASSERT_EQ(tagmem_free(b, nullptr), TAGMEM_SUCCESS);
+}
+
 TEST_F(IpcPair, OpenWhileOffloadedIsRefusedAndWorksAfterReload) {
   void* a = alloc(4 * MiB, seed_);
   tagmem_ipc_handle h{};
