@@ -321,7 +321,7 @@ void run_one(env& e, const std::vector<std::string>& child_args, const two_varia
       v.handoff ? "memory to the trainer, the rest to the driver" : "memory back with the driver");
   e.out.add(name, "trainer resume ms (c1 / steady)", c1_steady_ms(tr),
             fixed(rate, 1) + " GB/s steady = " + fixed(rate / e.link.h2d, 3) +
-                " of link (target >= 0.95)");
+                " of link (target >= 0.97)");
   e.out.add(
       name, "trainer pause ms (c1 / steady)", c1_steady_ms(tp),
       v.handoff ? "memory to the engine, the rest to the driver" : "memory back with the driver");
