@@ -16,7 +16,11 @@ classified fails CI.
     <!-- tested: NAME -->   run by another test: some file under tests/ must contain
                             "tested: NAME" (so the comment cannot outlive that test)
     <!-- not run: WHY -->   not runnable here (needs PyTorch, a GPU, NCCL; shell commands that
-                            install or build; output listings): WHY must say which
+                            install or build; output listings): WHY must say which. Refused for a
+                            ```c or ```cpp block (it must be a complete program that runs on the
+                            emulated driver) and for a ```python block that imports none of the
+                            packages CI cannot have (NEEDS_OUTSIDE: PyTorch, through torch or
+                            tagmem.torch and tagmem.compat, and Ray)
 
     code_blocks.py --source DIR --build DIR --work DIR --library LIBTAGMEM --emu LIBTAGMEM_EMU
                    [--cc CC] [--cxx CXX] [FILE.md ...]
@@ -34,6 +38,10 @@ import time
 FENCE = re.compile(r"^(\s*)(`{3,})\s*([\w+-]*)\s*$")
 MARKER = re.compile(r"^<!--\s*(not run|tested|file|run)\s*(?::\s*(.*?))?\s*-->$")
 RUN_TIMEOUT_S = 120
+# A ```python block may be left unrun only when it imports one of these: the packages the emulated
+# CI machine cannot have (PyTorch, and the parts of tagmem that import it; Ray).
+NEEDS_OUTSIDE = re.compile(
+    r"^\s*(?:import|from)\s+(?:torch|ray|tagmem\.torch|tagmem\.compat)\b", re.MULTILINE)
 
 
 class Block:
@@ -108,6 +116,12 @@ def check_page(args, page, env):
         if block.marker == "not run":
             if not block.argument:
                 problem = "<!-- not run --> must say why: <!-- not run: needs a GPU -->"
+            elif block.language in ("c", "cpp"):
+                problem = ("a C or C++ block must run: make it a complete program that checks "
+                           "every status and runs on the emulated driver")
+            elif block.language == "python" and not NEEDS_OUTSIDE.search(block.text):
+                problem = ("a Python block that imports neither PyTorch (torch, tagmem.torch, "
+                           "tagmem.compat) nor Ray must run on the emulated driver")
         elif block.marker == "tested":
             if not block.argument or not tested_elsewhere(args.source, block.argument):
                 problem = f"no file under tests/ contains 'tested: {block.argument}'"

@@ -44,9 +44,41 @@ accepted
 ```python
 print("accepted")
 ```
+
+<!-- not run: a fragment -->
+```c
+tagmem_offload(tags, 1, 0, TAGMEM_BACKUP);
+```
+
+<!-- not run: a fragment -->
+```cpp
+tagmem::offload({"weights"});
+```
+
+<!-- not run: needs nothing outside this machine -->
+```python
+import tagmem
+```
+
+<!-- not run: needs PyTorch and a GPU -->
+```python
+import torch
+```
+
+<!-- not run: needs PyTorch and a GPU -->
+```python
+import os
+import tagmem.torch as tt
+```
+
+<!-- not run: needs Ray and a GPU -->
+```python
+from ray import get
+```
 """
 REFUSED = {3: "neither run nor classified", 8: "must say why", 13: "no file under tests/",
-           17: "python exited 3", 22: "<!-- run --> is for"}
+           17: "python exited 3", 22: "<!-- run --> is for", 36: "a C or C++ block must run",
+           41: "a C or C++ block must run", 46: "a Python block that imports neither"}
 
 
 def main():

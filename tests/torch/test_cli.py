@@ -47,6 +47,17 @@ def test_preload_path_fails_with_a_message_when_the_shim_is_missing(tmp_path):
     assert "libtagmem_preload.so not found" in out.stderr and "TAGMEM_PRELOAD_LIBRARY" in out.stderr
 
 
+def test_help_opens_with_the_whole_summary_sentence():
+    out = tagmem_cli("--help")
+    assert out.returncode == 0, out.stderr
+    # argparse prints the description after the usage lines, wrapped to the terminal's width.
+    text = " ".join(out.stdout.split("\n\n")[1].split())
+    assert text == (
+        "python -m tagmem: where the installed libraries are, the settings in effect, "
+        "statistics, and running a program under the LD_PRELOAD shim."
+    ), out.stdout
+
+
 def test_run_starts_the_command_with_the_shim_first_on_ld_preload(rng):
     libm = ctypes.util.find_library("m")
     assert libm

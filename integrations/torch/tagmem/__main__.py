@@ -138,8 +138,13 @@ def run(args):
         return _fail(f"run: cannot start {command[0]!r}: {e}")
 
 
+def _summary():
+    """The docstring's first paragraph as one line: the sentence --help opens with."""
+    return " ".join(__doc__.split("\n\n")[0].split()).replace("``", "")
+
+
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m tagmem", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m tagmem", description=_summary())
     commands = parser.add_subparsers(dest="subcommand", required=True)
     commands.add_parser("preload-path", help="print the path of libtagmem_preload.so")
     commands.add_parser("config", help="print the libraries found and the TAGMEM_* settings")
