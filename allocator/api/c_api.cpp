@@ -19,6 +19,7 @@
 #include "api/sized_struct.hpp"
 #include "api/tag_scope.hpp"
 #include "device/address_index.hpp"
+#include "disk/disk_backup.hpp"
 #include "driver/driver.hpp"
 #include "host/metadata_heap.hpp"
 #include "observe/log.hpp"
@@ -233,6 +234,9 @@ tagmem_status tagmem_free(void* ptr, tagmem_stream stream) {
       // allocation's tag is resident (an imported tag cannot be offloaded).
       if (host_store* hs = r.existing_store(); hs && !held) {
         release_freed_backup(*t, unused.first, unused.second, *hs);
+      }
+      if (auto& disk = t->disk_backup()) {  // Note [a freed allocation's disk copy]
+        release_freed_disk_copy(static_cast<disk_backup&>(*disk), unused.first, unused.second);
       }
     }
     r.ipc_forget(address, size);  // Note [ipc] in handoff/ipc_server.hpp

@@ -125,4 +125,25 @@ void read_disk_backup(device& dev, disk_backup& b, const disk_settings& s) {
   });
 }
 
+void release_freed_disk_copy(disk_backup& b, CUdeviceptr ptr, std::size_t size) noexcept {
+  std::vector<unsigned char> freed;  // per file: 1 while all its pieces lie in the range
+  try {
+    freed.assign(b.files.size(), 0);
+  } catch (...) {  // no memory for the list: the files stay until the reload removes them
+    return;
+  }
+  for (const disk_piece& p : b.pieces) freed[p.file] = 1;  // files with pieces
+  for (const disk_piece& p : b.pieces) {
+    if (p.dev < ptr || p.dev + p.bytes > ptr + size) freed[p.file] = 0;
+  }
+  std::erase_if(b.pieces, [&](const disk_piece& p) {
+    if (!freed[p.file]) return false;
+    b.bytes -= p.bytes;
+    return true;
+  });
+  for (std::size_t i = 0; i < b.files.size(); ++i) {
+    if (freed[i]) b.files[i].reset();  // closes and removes it
+  }
+}
+
 }  // namespace tagmem

@@ -55,6 +55,14 @@ class disk_backup : public tag_attachment {
 // changed either way.
 std::unique_ptr<disk_backup> write_disk_backup(device& dev, tag& t, const disk_settings& s);
 
+// Note [a freed allocation's disk copy]: a free in a tag offloaded to disk removes at once the
+// files that hold nothing but bytes of the range the free leaves without a live block ([ptr, ptr +
+// size): the block with its free neighbours), and forgets their pieces, as a free gives back a
+// freed allocation's host copy (Note [a freed allocation's host copy]); the reload reads the rest.
+// A file that also holds bytes of a live allocation (allocations sharing a page share its file,
+// Note [disk streaming]) stays. The caller holds the tag's lock.
+void release_freed_disk_copy(disk_backup& b, CUdeviceptr ptr, std::size_t size) noexcept;
+
 // Copies every piece of `b` back to the device (its ranges must be mapped). Throws IO on a read
 // error, a short file or a checksum that does not match; pieces already copied stay copied.
 void read_disk_backup(device& dev, disk_backup& b, const disk_settings& s);

@@ -167,6 +167,30 @@ TEST_F(Disk, EachAllocationIsAFileAndFreeMemoryIsNotWritten) {
   free_all(big);
 }
 
+// Note [a freed allocation's disk copy]: freeing an allocation of a tag on disk removes its file
+// at once; the reload reads the others' bytes back, and then no file is left.
+TEST_F(Disk, AFreeWhileOnDiskRemovesThatAllocationsFileAtOnce) {
+  TAGMEM_OK(tagmem_set_disk_file_bytes(0));  // one file per allocation
+  auto rng = rng_for_test();
+  auto all = fill(rng, "d", 3, 3 << 20);
+  TAGMEM_OK(offload("d"));
+  ASSERT_EQ(files().size(), 3u);
+  const std::uintmax_t before = disk_bytes();
+  TAGMEM_OK(tagmem_free(all[1].ptr, nullptr));
+  EXPECT_EQ(files().size(), 2u) << "the freed allocation's file stayed until the reload";
+  EXPECT_EQ(disk_bytes(), before - (3u << 20));
+  EXPECT_EQ(state_of("d"), TAGMEM_OFFLOADED_DISK);
+  all.erase(all.begin() + 1);
+  TAGMEM_OK(reload("d"));
+  EXPECT_EQ(corrupted(all), 0u);
+  EXPECT_EQ(files().size(), 0u);
+  // Every allocation freed while on disk: no file is left, and the tag reloads empty.
+  TAGMEM_OK(offload("d"));
+  free_all(all);
+  EXPECT_EQ(files().size(), 0u);
+  TAGMEM_OK(reload("d"));
+}
+
 // Files are whole 4 KiB pages (O_DIRECT): four 1 KiB allocations side by side in one page of a
 // small segment share that page's file.
 TEST_F(Disk, SmallAllocationsSharingAPageShareItsFile) {
