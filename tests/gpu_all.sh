@@ -7,10 +7,12 @@
 #   bash tests/gpu_all.sh bench    benchmarks/gpu_run.sh (1 GPU)
 #   bash tests/gpu_all.sh torch    tests/torch/gpu_run.sh, single GPU
 #   bash tests/gpu_all.sh shim     tests/preload/gpu_run.sh --one-gpu (1 GPU)
+#   bash tests/gpu_all.sh ipc      tagged-memory IPC: the C suite and tests/torch/ipc_torch_gpu.py
+#                                  in each mode (1 GPU)
 #   bash tests/gpu_all.sh multi    tests/preload/gpu_run.sh and FSDP2 (2 GPUs)
 set -uo pipefail
 cd "$(dirname "$0")/.."
-part=${1:?usage: gpu_all.sh core|bench|torch|shim|multi}
+part=${1:?usage: gpu_all.sh core|bench|torch|shim|ipc|multi}
 build=$PWD/.carry/build
 out=/tmp/gpu-out/$part
 mkdir -p "$out"
@@ -37,6 +39,22 @@ case $part in
   bench) step bench 560 bash benchmarks/gpu_run.sh "$build" "$out/bench" ;;
   torch) step torch 560 bash tests/torch/gpu_run.sh "$build" "$out/torch" ;;
   shim) step shim 420 bash tests/preload/gpu_run.sh "$build" "$out/shim" --one-gpu ;;
+  ipc)
+    # Each run a job of its own in a private directory, as the script's header asks (env, not a
+    # shell function: step runs its command through timeout).
+    lib=(TAGMEM_LIBRARY="$build/allocator/libtagmem.so.1" PYTHONPATH="$PWD/integrations/torch")
+    step ipc_c 240 env TAGMEM_JOB="gpu-ipc-c-$$" TAGMEM_PEER_DIR="$(mktemp -d)" \
+      "$build/tests/ipc/tagmem_ipc_tests"
+    for mode in mempool global bucket bandwidth cycles; do
+      step "ipc_$mode" 300 env TAGMEM_JOB="gpu-ipc-$mode-$$" TAGMEM_PEER_DIR="$(mktemp -d)" \
+        "${lib[@]}" TAGMEM_TORCH_LIBRARY="$build/integrations/torch/libtagmem_torch_alloc.so" \
+        python3 tests/torch/ipc_torch_gpu.py "$mode"
+    done
+    step ipc_shim 300 env TAGMEM_JOB="gpu-ipc-shim-$$" TAGMEM_PEER_DIR="$(mktemp -d)" \
+      "${lib[@]}" TAGMEM_PRELOAD_TAG=torch \
+      LD_PRELOAD="$build/integrations/preload/libtagmem_preload.so" \
+      python3 tests/torch/ipc_torch_gpu.py shim
+    ;;
   multi)
     step preload 420 bash tests/preload/gpu_run.sh "$build" "$out/preload"
     step fsdp2 150 bash tests/torch/gpu_run.sh "$build" "$out/fsdp2" --two-gpu --only fsdp2

@@ -260,20 +260,25 @@ def run_cycles():
     with tt.tag("c"):
         x = torch.ones(2 * MiB, dtype=torch.uint8, device="cuda")
     handle = tag_api().ipc_export(x.data_ptr(), x.numel())
-    f0 = fds()
     ctx = mp.get_context("spawn")
     inbox, outbox = ctx.Queue(), ctx.Queue()
+    f0 = fds()  # the queues' pipes already open
     p = ctx.Process(target=cycles_child, args=(inbox, outbox))
     p.start()
     inbox.put((handle, 10000))
     fd_delta, open_here, mem_delta = outbox.get(timeout=300)
     p.join(60)
+    p.close()  # its sentinel descriptor
     wait_importers(0)
     opened = tag_api().ipc_stats()["opened_by_peers"]
-    ok = fd_delta == 0 and open_here == 0 and mem_delta == 0 and opened == 10001
+    exporter_fds = fds() - f0
+    ok = (fd_delta == 0 and open_here == 0 and mem_delta == 0 and opened == 10001
+          and exporter_fds == 0)
     print(f"cycles: {'PASS' if ok else 'FAIL'} importer fds {fd_delta:+d}, open {open_here}, "
           f"device memory {mem_delta:+d} B; exporter opened_by_peers {opened}, "
-          f"fds {fds() - f0:+d} (queue pipes included)")
+          f"fds {exporter_fds:+d}")
+    if not ok:
+        sys.exit(1)
 
 
 if __name__ == "__main__":
