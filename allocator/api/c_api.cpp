@@ -523,6 +523,14 @@ tagmem_status tagmem_set_keep_backup(const char* tag, int device, int keep) {
   });
 }
 
+tagmem_status tagmem_set_unpin_backup(const char* tag, int device, int unpin) {
+  return guarded([&](registry& r) {
+    tagmem::tag& t = r.get(r.resolve_device(device), tag);
+    std::lock_guard lock(t.mutex());
+    t.set_unpin_backup(unpin != 0);
+  });
+}
+
 tagmem_status tagmem_set_replicated(const char* tag, int device, const char* group, int rank,
                                     int size) {
   return guarded([&](registry& r) {

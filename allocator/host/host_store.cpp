@@ -55,12 +55,18 @@ void host_store::stop_background(std::unique_lock<std::mutex>& lock) {
 }
 
 std::size_t host_store::free_bytes_locked() const {
-  return stats_.pinned_bytes - stats_.used_bytes;
+  return stats_.pinned_bytes - stats_.used_bytes - free_returned_locked();
 }
 
-void host_store::add_slab(pinned_slab r, std::size_t& added) {
+std::size_t host_store::free_returned_locked() const {
+  std::size_t n = 0;
+  for (const auto& [base, s] : slabs_) n += s.returned ? s.size - s.used : 0;
+  return n;
+}
+
+void host_store::add_slab(pinned_slab r, std::size_t& added, bool returned) {
   std::lock_guard lock(mutex_);
-  slabs_.emplace(r.base, slab{r.size, 0});
+  slabs_.emplace(r.base, slab{r.size, 0, returned});
   try {
     free_.emplace(r.base, r.size);
   } catch (...) {
@@ -104,7 +110,8 @@ host_store::memory_reading host_store::read_memory() {
 // outside the lock (file reads), so a slab pinned by another growth meanwhile may be missing
 // from what they say is available while already counted as pinned: such a slab would count
 // twice. The budget counts as pinned only what was pinned both before the read and now.
-std::size_t host_store::claim(std::size_t need, std::size_t asked, const char* what) {
+std::size_t host_store::claim(std::size_t need, std::size_t asked, const char* what,
+                              bool returned) {
   const memory_reading r = read_memory();
   const host_memory& m = r.memory;
   std::lock_guard lock(mutex_);
@@ -130,14 +137,15 @@ std::size_t host_store::claim(std::size_t need, std::size_t asked, const char* w
              " bytes and it holds " + std::to_string(held) + " (" + why +
              "); nothing was pinned or changed");
   }
-  const std::size_t n = std::min(round_up(std::max(need, slab_bytes_), kPage), room);
+  const std::size_t n =
+      returned ? need : std::min(round_up(std::max(need, slab_bytes_), kPage), room);
   growing_ += n;
   return n;
 }
 
-void host_store::grow(std::size_t need, std::size_t asked, const char* what) {
-  const std::size_t bytes =
-      claim(round_up_checked(need, kPage, TAGMEM_ERROR_HOST_OUT_OF_MEMORY, what), asked, what);
+void host_store::grow(std::size_t need, std::size_t asked, const char* what, bool returned) {
+  const std::size_t bytes = claim(
+      round_up_checked(need, kPage, TAGMEM_ERROR_HOST_OUT_OF_MEMORY, what), asked, what, returned);
   std::size_t added = 0;  // guarded by mutex_
   struct unclaim {
     host_store& store;
@@ -149,7 +157,7 @@ void host_store::grow(std::size_t need, std::size_t asked, const char* what) {
     }
   } give_back{*this, bytes, added};
   pin_parallel(bytes, slab_bytes_, threads_, method_, context_,
-               [this, &added](pinned_slab r) { add_slab(r, added); });
+               [this, &added, returned](pinned_slab r) { add_slab(r, added, returned); });
 }
 
 meta_vector<host_extent> host_store::acquire(std::size_t bytes) { return acquire(bytes, {}); }
@@ -183,11 +191,35 @@ meta_vector<host_extent> host_store::acquire(std::size_t bytes,
     }
     left -= take;
   }
-  stats_.used_bytes += left;
+  take_locked(left, false, out);
+  return out;
+}
+
+meta_vector<host_extent> host_store::acquire_returned(std::size_t bytes) {
+  std::unique_lock lock(mutex_);
+  while (free_returned_locked() < bytes) {  // background pinning makes other slabs: no wait
+    const std::size_t need = bytes - free_returned_locked();
+    lock.unlock();
+    grow(need, bytes, "a backup given back after its reload", true);  // throws: nothing taken
+    lock.lock();
+  }
+  meta_vector<host_extent> out;
+  out.reserve(free_.size());  // the last step that may throw, before anything changed
+  take_locked(bytes, true, out);
+  return out;
+}
+
+void host_store::take_locked(std::size_t bytes, bool returned, meta_vector<host_extent>& out) {
+  stats_.used_bytes += bytes;
+  std::size_t left = bytes;
   for (auto it = free_.begin(); left && it != free_.end();) {
+    auto slab_it = std::prev(slabs_.upper_bound(it->first));
+    if (slab_it->second.returned != returned) {
+      ++it;
+      continue;
+    }
     std::size_t take = std::min(left, it->second);
     out.push_back({it->first, take});
-    auto slab_it = std::prev(slabs_.upper_bound(it->first));
     slab_it->second.used += take;
     char* start = it->first;
     std::size_t rest = it->second - take;
@@ -195,7 +227,6 @@ meta_vector<host_extent> host_store::acquire(std::size_t bytes,
     if (rest) it = free_.emplace_hint(it, start + take, rest);
     left -= take;
   }
-  return out;
 }
 
 void host_store::give_back_locked(char* ptr, std::size_t size) {

@@ -9,6 +9,13 @@
 // does it ahead of need on a background thread, and acquire() waits for that thread only while free
 // space falls short of its request. The store never grows past its host budget (Note [host budget]
 // in host_budget.hpp): a growth that does not fit fails before a page is touched.
+//
+// Note [backups given back to the system]: a tag can ask for the opposite of pin once
+// (tagmem_set_unpin_backup: torch_memory_saver's "mmap" backend promises that a region's host
+// memory goes back after its resume). Its extents come from slabs of their own, which hold no
+// other kind of backup, pinned to the size asked rather than a whole slab, so that the reload's
+// release_and_unpin() can unpin them whole without touching the slabs that other tags keep
+// pinned for their next offload.
 #pragma once
 
 #include <cuda.h>
@@ -57,6 +64,9 @@ class host_store {
   // `replacing` first, in its order, so that a copy rewritten in place keeps its host address
   // (callers hold on to it: tagmem_host_view of a kept backup).
   meta_vector<host_extent> acquire(std::size_t bytes, const meta_vector<host_extent>& replacing);
+  // Extents adding up to exactly `bytes` from slabs that serve only such requests (Note [backups
+  // given back to the system]), pinning what they lack. Throws as acquire() does.
+  meta_vector<host_extent> acquire_returned(std::size_t bytes);
   void release(const meta_vector<host_extent>& extents) noexcept;
   // Gives `extents` back as release() does, then unpins each slab they lay in that holds no
   // extent any more, so that their host addresses are no longer pinned (Note [a freed
@@ -87,15 +97,21 @@ class host_store {
  private:
   struct slab {
     std::size_t size;
-    std::size_t used;  // bytes handed out from it
+    std::size_t used;       // bytes handed out from it
+    bool returned = false;  // serves acquire_returned() only
   };
-  // Pins at least `need` bytes more (the rest of a slab when the budget allows) on this thread's
-  // helpers; call without the lock. `asked` and `what` name the request for the error message.
-  void grow(std::size_t need, std::size_t asked, const char* what);
-  std::size_t claim(std::size_t need, std::size_t asked, const char* what);
-  void add_slab(pinned_slab r, std::size_t& added);  // adds to `added` under the lock
+  // Pins at least `need` bytes more (the rest of a slab when the budget allows; exactly `need`,
+  // rounded to pages, for `returned` slabs) on this thread's helpers; call without the lock.
+  // `asked` and `what` name the request for the error message.
+  void grow(std::size_t need, std::size_t asked, const char* what, bool returned = false);
+  std::size_t claim(std::size_t need, std::size_t asked, const char* what, bool returned);
+  // Adds to `added` under the lock.
+  void add_slab(pinned_slab r, std::size_t& added, bool returned);
   void give_back_locked(char* ptr, std::size_t size);
   std::size_t free_bytes_locked() const;
+  std::size_t free_returned_locked() const;  // free bytes in returned slabs
+  // Takes `bytes` from the free ranges of the slabs of class `returned` (there are enough).
+  void take_locked(std::size_t bytes, bool returned, meta_vector<host_extent>& out);
   // Note [host budget], counting `pinned` as pinned.
   std::size_t budget_locked(std::size_t headroom, std::size_t pinned) const;
   // The figures of Note [host budget] and what was pinned just before they were read; takes

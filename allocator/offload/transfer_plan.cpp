@@ -47,37 +47,55 @@ void plan_host_memory(outgoing* outs, std::size_t n, tagmem_offload_mode mode, h
     for (std::size_t i = 0; i < n; ++i) drop_kept_backup(*outs[i].t, store);
     return;
   }
-  std::size_t total = 0;
+  std::size_t total = 0, returned_total = 0;
   meta_vector<host_extent> kept;
   for (std::size_t i = 0; i < n; ++i) {
-    total += outs[i].bytes;
-    if (holds_kept_backup(*outs[i].t)) {
-      kept.insert(kept.end(), outs[i].t->extents().begin(), outs[i].t->extents().end());
+    tag& t = *outs[i].t;
+    if (gives_backup_back(t)) {  // Note [backups given back to the system]: fresh extents only
+      drop_kept_backup(t, store);
+      returned_total += outs[i].bytes;
+    } else {
+      total += outs[i].bytes;
+      if (holds_kept_backup(t)) kept.insert(kept.end(), t.extents().begin(), t.extents().end());
     }
   }
-  meta_vector<host_extent> all = store.acquire(total, kept);  // Note [kept backup until planned]
+  // Those given back first: all new, so a failure of the second acquire gives them back whole.
+  meta_vector<host_extent> returned;
+  if (returned_total) returned = store.acquire_returned(returned_total);
+  meta_vector<host_extent> all;
+  try {
+    all = store.acquire(total, kept);  // Note [kept backup until planned]
+  } catch (...) {
+    store.release_and_unpin(returned);
+    throw;
+  }
   for (std::size_t i = 0; i < n; ++i) {
     if (holds_kept_backup(*outs[i].t)) forget_kept_backup(*outs[i].t);  // its memory is in `all`
   }
   try {
-    std::size_t at = 0;
-    std::size_t offset = 0;  // bytes of all[at] handed out
+    struct cursor {
+      const meta_vector<host_extent>& list;
+      std::size_t at = 0;
+      std::size_t offset = 0;  // bytes of list[at] handed out
+    } plain{all}, back{returned};
     for (std::size_t i = 0; i < n; ++i) {
       outgoing& o = outs[i];
+      cursor& c = gives_backup_back(*o.t) ? back : plain;
       for (std::size_t left = o.bytes; left;) {
-        const std::size_t take = std::min(left, all[at].size - offset);
-        o.extents.push_back({all[at].ptr + offset, take});
+        const std::size_t take = std::min(left, c.list[c.at].size - c.offset);
+        o.extents.push_back({c.list[c.at].ptr + c.offset, take});
         left -= take;
-        offset += take;
-        if (offset == all[at].size) {
-          ++at;
-          offset = 0;
+        c.offset += take;
+        if (c.offset == c.list[c.at].size) {
+          ++c.at;
+          c.offset = 0;
         }
       }
       cut_outgoing(o, piece_bytes);
     }
   } catch (...) {
     store.release(all);
+    store.release_and_unpin(returned);
     for (std::size_t i = 0; i < n; ++i) {
       outs[i].extents.clear();
       outs[i].pieces.clear();

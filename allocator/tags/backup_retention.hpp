@@ -14,8 +14,15 @@
 
 namespace tagmem {
 
-// The end of a reload: keeps the backup when the tag asks for it, else gives it to the store.
+// The end of a reload: keeps the backup when the tag asks for it, else gives it to the store, or
+// back to the system for a tag that asks for that (gives_backup_back).
 void finish_reload_backup(tag& t, host_store& store) noexcept;
+
+// Whether `t`'s backup goes back to the system at its reload (Note [backups given back to the
+// system] in host/host_store.hpp): asked for, and not overridden by keeping it.
+inline bool gives_backup_back(const tag& t) noexcept {
+  return t.unpin_backup() && !t.keep_backup();
+}
 
 // Gives a kept backup of a resident tag back to the store (before the tag is offloaded again,
 // whose offload writes new pieces). Does nothing for an offloaded tag or one that keeps none.

@@ -81,6 +81,10 @@ class tag : public meta_object {
   // it was kept.
   bool keep_backup() const noexcept { return keep_backup_; }
   void set_keep_backup(bool keep) noexcept { keep_backup_ = keep; }
+  // Whether its reloads give the backup's host memory back to the system (tagmem_set_unpin_backup,
+  // Note [backups given back to the system] in host/host_store.hpp).
+  bool unpin_backup() const noexcept { return unpin_backup_; }
+  void set_unpin_backup(bool unpin) noexcept { unpin_backup_ = unpin; }
   bool kept() const noexcept { return kept_; }
   std::uint64_t kept_allocs() const noexcept { return kept_allocs_; }
   std::uint64_t kept_frees() const noexcept { return kept_frees_; }
@@ -113,6 +117,7 @@ class tag : public meta_object {
   meta_vector<backup_piece> pieces_;  // sorted by device address
   meta_vector<host_extent> extents_;  // host store extents the pieces live in
   bool keep_backup_ = false;
+  bool unpin_backup_ = false;
   bool kept_ = false;
   std::uint64_t kept_allocs_ = 0, kept_frees_ = 0;
   std::unique_ptr<tag_attachment> disk_backup_;

@@ -394,6 +394,16 @@ TAGMEM_API tagmem_status tagmem_host_view(const void* ptr, int flags, void** hos
  * (bad device). Thread-safe. */
 TAGMEM_API tagmem_status tagmem_set_keep_backup(const char* tag, int device, int keep);
 
+/* Makes reloads of `tag` on `device` give the host memory of its BACKUP copy back to the system
+ * (unpin != 0) instead of keeping it pinned for the next offload (0, the default). Such a tag's
+ * backups are held in pinned host memory of their own, sized to the backup and shared with no
+ * other kind of tag, and a reload unpins and unmaps what it leaves unused, so the process's
+ * resident memory drops after the reload; the next offload pins again (slower, as every first
+ * offload is). torch_memory_saver's "mmap" CPU-backup backend maps to this. A tag that keeps its
+ * backup (tagmem_set_keep_backup) keeps it pinned all the same.
+ * Errors: UNKNOWN_TAG (create the tag first), INVALID_ARGUMENT (bad device). Thread-safe. */
+TAGMEM_API tagmem_status tagmem_set_unpin_backup(const char* tag, int device, int unpin);
+
 /* Makes `tag` on `device` a replicated tag: the processes of this job that call this for the same
  * tag name and `group` (1-40 characters of [A-Za-z0-9._-]), each with its own `rank` of `size`
  * (at most 256), hold the same bytes in the same layout of it, and its TAGMEM_BACKUP offloads

@@ -23,10 +23,11 @@
 // being set) keeps the name unclaimed until one is. Callers that never call the disk setter
 // settle the wish with the CPU one, as before torch_memory_saver had disk backups.
 //
-// The "mmap" backend is accepted and recorded: tagmem backs every tag up to its pinned host store,
-// and a resume of a tag whose backup was asked for with "mmap" (and that keeps no copy) gives the
-// store's free host memory back to the system (tagmem_host_trim), which is that backend's promise:
-// the process's host memory drops after resume. A disk wish pauses its tagmem tag with
+// The "mmap" backend is accepted and recorded: tagmem backs every tag up to pinned host memory,
+// and a resume of a tag whose backup was asked for with "mmap" (and that keeps no copy) gives that
+// backup's host memory back to the system (tagmem_set_unpin_backup), which is that backend's
+// promise: the process's host memory drops after resume, while the other regions keep theirs
+// pinned for their next pause. A disk wish pauses its tagmem tag with
 // TAGMEM_BACKUP_DISK into the directory of tms_set_disk_backup_dir (created when missing), else
 // TMS_DISK_BACKUP_DIR, else TAGMEM_DISK_DIR, else /tmp (torch_memory_saver's default).
 #include <strings.h>
@@ -241,6 +242,9 @@ bool apply(bool claim) {
   if (claim) {
     tagmem_tag_plan_offload(name.c_str(), TAGMEM_CURRENT_DEVICE,
                             backup && !reclaim ? TAGMEM_BACKUP : TAGMEM_DISCARD);
+    // From its first pause on, an "mmap" backup lies in host memory of its own, which its resume
+    // can give back without touching what the other regions keep pinned.
+    tagmem_set_unpin_backup(name.c_str(), TAGMEM_CURRENT_DEVICE, backup && reclaim ? 1 : 0);
   }
   return true;
 }
@@ -429,8 +433,8 @@ TMS_EXPORT int tms_pause(const char* tag) {
 
 // Resumes `tag` (NULL or "": every paused tag configured here) on every device at its old
 // addresses. With tms_set_retain_cpu_backup(true) the host copies of backed-up tags are kept
-// (tagmem_set_keep_backup); otherwise they are given back, and a tag backed up with the "mmap"
-// backend also gives the store's free host memory back to the system. Returns a tagmem_status:
+// (tagmem_set_keep_backup); otherwise they are given back, to the system for a tag backed up with
+// the "mmap" backend (tagmem_set_unpin_backup). Returns a tagmem_status:
 // a named tag that is resident (none of its tagmem tags paused) is TAG_RESIDENT; a resume that does
 // not fit is OUT_OF_MEMORY with the tag still paused and its backup intact; a tag with no memory
 // anywhere has nothing to resume.
@@ -439,14 +443,16 @@ TMS_EXPORT int tms_resume(const char* tag) {
   const bool named = tag != nullptr && *tag != '\0';
   const std::vector<tag_record> want = selected(tag);
   const bool retain = tms_get_retain_cpu_backup();
-  bool reclaim = false;
   for (int d = 0; d < kMaxDevices && device_exists(d); ++d) {
     std::vector<const char*> names;
     const auto here = present(want, d);
     for (const auto& [r, state] : here) {
       if (state == TAGMEM_RESIDENT) continue;
-      if (r.backup) tagmem_set_keep_backup(r.name.c_str(), d, retain ? 1 : 0);
-      reclaim |= r.reclaim && !retain;
+      if (r.backup) {
+        tagmem_set_keep_backup(r.name.c_str(), d, retain ? 1 : 0);
+        // The "mmap" backend's host memory goes back after the resume; the others' stays pinned.
+        tagmem_set_unpin_backup(r.name.c_str(), d, r.reclaim && !retain ? 1 : 0);
+      }
       names.push_back(r.name.c_str());
     }
     if (names.empty()) {
@@ -455,7 +461,6 @@ TMS_EXPORT int tms_resume(const char* tag) {
     }
     if (int s = tagmem_reload(names.data(), names.size(), d)) return s;
   }
-  if (reclaim) tagmem_host_trim(0);
   return TAGMEM_SUCCESS;
 }
 

@@ -268,6 +268,66 @@ TEST_F(KeepBackup, AFreeWhilePausedGivesBackTheCopiesOfSegmentsWithoutALiveAlloc
   free_all(again);
 }
 
+std::size_t store_pinned() {
+  tagmem_device_stats s{};
+  EXPECT_EQ(tagmem_device_stats_get(0, &s), TAGMEM_SUCCESS) << tagmem_last_error();
+  return s.host_pinned_bytes;
+}
+
+// Note [backups given back to the system]: tagmem_set_unpin_backup makes a reload give that tag's
+// host memory back to the system, in an offload and reload beside a tag that keeps its store
+// pinned: the other tag's slabs stay pinned and serve its next offload without pinning.
+TEST_F(KeepBackup, AnUnpinningTagGivesItsHostMemoryBackAndTheOthersKeepTheirs) {
+  auto rng = rng_for_test();
+  constexpr std::size_t kBytes = 8u << 20;
+  auto kept = fill(rng, "stays", 1, kBytes);
+  auto given = fill(rng, "goes", 1, kBytes);
+  TAGMEM_OK(tagmem_set_unpin_backup("goes", 0, 1));
+  tagmem_tag_stats goes_stats{};
+  TAGMEM_OK(tagmem_tag_stats_get("goes", 0, &goes_stats));
+  const std::size_t backup = goes_stats.mapped_bytes;  // an offload copies whole mappings
+  const char* both[] = {"stays", "goes"};
+  TAGMEM_OK(tagmem_offload(both, 2, 0, TAGMEM_BACKUP));  // one batch: both kinds of host memory
+  const std::size_t offloaded = store_pinned();
+  const void* old = host_of(given[0].ptr);
+  ASSERT_NE(old, nullptr) << tagmem_last_error();
+  ASSERT_TRUE(pinned(old));
+  TAGMEM_OK(tagmem_reload(both, 2, 0));
+  EXPECT_EQ(corrupted(kept), 0u);
+  EXPECT_EQ(corrupted(given), 0u);
+  EXPECT_FALSE(pinned(old)) << "the unpinning tag's host memory is still pinned";
+  EXPECT_EQ(store_pinned(), offloaded - backup) << "more or less than its backup went back";
+  const std::size_t after = store_pinned();
+
+  refill(rng, kept);
+  refill(rng, given);
+  const char* stays[] = {"stays"};
+  TAGMEM_OK(tagmem_offload(stays, 1, 0, TAGMEM_BACKUP));
+  EXPECT_EQ(store_pinned(), after) << "the other tag's offload pinned again";
+  TAGMEM_OK(tagmem_reload(stays, 1, 0));
+  TAGMEM_OK(tagmem_offload(both, 2, 0, TAGMEM_BACKUP));
+  EXPECT_EQ(store_pinned(), offloaded) << "the unpinning tag's next offload pins its size again";
+  TAGMEM_OK(tagmem_reload(both, 2, 0));
+  EXPECT_EQ(corrupted(kept), 0u);
+  EXPECT_EQ(corrupted(given), 0u);
+  EXPECT_EQ(store_pinned(), after);
+
+  // Keeping the backup wins: the copy stays, pinned and readable, until the next reload.
+  const char* goes[] = {"goes"};
+  keeping_cycle("goes");
+  const void* view = host_of(given[0].ptr);
+  ASSERT_NE(view, nullptr) << tagmem_last_error();
+  EXPECT_TRUE(pinned(view));
+  EXPECT_TRUE(host_copy(given[0].ptr, kBytes) == given[0].bytes);
+  TAGMEM_OK(tagmem_set_keep_backup("goes", 0, 0));
+  TAGMEM_OK(tagmem_offload(goes, 1, 0, TAGMEM_BACKUP));
+  TAGMEM_OK(tagmem_reload(goes, 1, 0));
+  EXPECT_EQ(corrupted(given), 0u);
+  EXPECT_EQ(tagmem_set_unpin_backup("no_such_tag", 0, 1), TAGMEM_ERROR_UNKNOWN_TAG);
+  free_all(kept);
+  free_all(given);
+}
+
 class EmulatorKeepBackup : public tagmem_test {
  protected:
   void SetUp() override {

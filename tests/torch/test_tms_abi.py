@@ -183,12 +183,27 @@ def test_the_mmap_backend_gives_host_memory_back_after_resume_and_pinned_keeps_t
         b, db = filled(n)
         set_config("default", False, False)
         host = lambda: tagmem.stats()["host_pinned_bytes"]
+
+        def mapped(addr):  # whether any mapping of this process holds the address
+            for line in open("/proc/self/maps"):
+                lo, hi = (int(x, 16) for x in line.split()[0].split("-"))
+                if lo <= addr < hi:
+                    return True
+            return False
+
         assert p.tms_pause(b"pinned_w") == 0 and p.tms_resume(b"pinned_w") == 0
-        out["pinned_kept"] = host() >= n
+        pinned = host()
+        out["pinned_kept"] = pinned >= n
         assert p.tms_pause(b"mmap_w") == 0
-        out["paused"] = host() >= n and backup_bytes(b, n) == db
+        out["paused"] = host() >= pinned + n and backup_bytes(b, n) == db
+        old = ctypes.cast(p.tms_get_cpu_backup_pointer(
+            ctypes.cast(b, ctypes.POINTER(ctypes.c_uint8)), n), ctypes.c_void_p).value
         assert p.tms_resume(b"mmap_w") == 0
-        out["released"] = host()
+        # The mmap region's host memory is gone from the process; the pinned region's stays.
+        out["released"] = [host() == pinned, mapped(old)]
+        assert p.tms_pause(b"pinned_w") == 0  # ...and serves its next pause without pinning
+        out["repaused"] = host() == pinned and backup_bytes(a, n) == da
+        assert p.tms_resume(b"pinned_w") == 0
         out["bytes"] = io.read(a, n) == da and io.read(b, n) == db
         p.tms_set_cpu_backup_backend(b"floppy")  # refused: nothing changes
         out["refused"] = p.tms_get_cpu_backup_backend().decode()
@@ -199,8 +214,8 @@ def test_the_mmap_backend_gives_host_memory_back_after_resume_and_pinned_keeps_t
         {"TMS_INIT_CPU_BACKUP_BACKEND": "mmap"},
     )
     assert out["env"] == "mmap" and out["backend"] == "mmap"
-    assert out["pinned_kept"] and out["paused"] and out["bytes"]
-    assert out["released"] == 0
+    assert out["pinned_kept"] and out["paused"] and out["bytes"] and out["repaused"]
+    assert out["released"] == [True, False]
     assert out["refused"] == "mmap" and out["disk"] is True
 
 

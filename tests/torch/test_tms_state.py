@@ -6,6 +6,7 @@ Runs on the emulated driver in CI and on the real one in gpu_run.sh (no PyTorch 
 """
 
 import contextlib
+import ctypes
 import json
 import os
 import subprocess
@@ -155,6 +156,14 @@ def test_capturing_a_graph_into_a_paused_tag_is_refused_before_the_capture(torch
     assert len(entered) == 1
 
 
+def _mappings():
+    """The address ranges this process maps (/proc/self/maps)."""
+    with open("/proc/self/maps") as f:
+        for line in f:
+            lo, hi = (int(x, 16) for x in line.split()[0].split("-"))
+            yield lo, hi
+
+
 def test_torch_mode_mmap_backend_gives_host_memory_back_after_resume_and_answers_the_c_calls(
     torch_free, io, rng, monkeypatch
 ):
@@ -188,14 +197,21 @@ def test_torch_mode_mmap_backend_gives_host_memory_back_after_resume_and_answers
     io.write(b, db)
     host = lambda: tagmem.stats()["host_pinned_bytes"]  # noqa: E731
     assert cdll.tms_pause(pinned.encode()) == 0 and cdll.tms_resume(pinned.encode()) == 0
-    assert host() >= nbytes  # the pinned backend keeps the store for the next pause
+    kept = host()
+    assert kept >= nbytes  # the pinned backend keeps its host memory for the next pause
     assert cdll.tms_pause(mapped.encode()) == 0
     assert cdll.tms_pause(mapped.encode()) == 3  # paused already: TAG_OFFLOADED
+    assert host() >= kept + nbytes  # host memory of its own
     view = cdll.tms_get_cpu_backup_pointer(b, nbytes)
     assert view and bytes(view[:nbytes]) == db
+    address = ctypes.cast(view, ctypes.c_void_p).value
     saver.resume(mapped)
-    assert host() == 0
+    # The "mmap" region's host memory has left the process; the "pinned" region's has not.
+    assert host() == kept
+    assert not any(lo <= address < hi for lo, hi in _mappings())
     assert not cdll.tms_get_cpu_backup_pointer(b, nbytes)
+    assert cdll.tms_pause(pinned.encode()) == 0 and host() == kept  # no pinning for it
+    assert cdll.tms_resume(pinned.encode()) == 0
     assert io.read(a, nbytes) == da and io.read(b, nbytes) == db
     with pytest.raises(ValueError, match="'pinned' or 'mmap'"):
         with saver.region(tag=pinned, enable_cpu_backup=True, cpu_backup_backend="floppy"):

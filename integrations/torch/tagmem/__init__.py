@@ -40,6 +40,7 @@ from ._api import (
     set_keep_backup,
     set_memory_margin,
     set_replicated,
+    set_unpin_backup,
     shutdown,
     state,
     stats,
@@ -75,7 +76,7 @@ from ._errors import (
 from ._ipc import IpcHandle, IpcMapping, ipc_export, ipc_open, ipc_stats, ipc_unexport
 from ._lib import LibraryNotFound, library_file, origin as library_origin
 
-__version__ = "1.0.0"
+__version__ = "1.1.0"
 
 __all__ = [
     "BACKUP",
@@ -127,6 +128,7 @@ __all__ = [
     "set_keep_backup",
     "set_memory_margin",
     "set_replicated",
+    "set_unpin_backup",
     "shutdown",
     "trace_flush",
     "state",

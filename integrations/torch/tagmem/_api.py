@@ -467,6 +467,15 @@ def set_keep_backup(name, keep=True, device=None):
     _errors.check(_lib.lib().tagmem_set_keep_backup(_name(name), _device(device), 1 if keep else 0))
 
 
+def set_unpin_backup(name, unpin=True, device=None):
+    """Makes reloads of tag `name` give its BACKUP host memory back to the system (or keep it
+    pinned for the next offload, the default) (tagmem_set_unpin_backup): the process's resident
+    memory drops after the reload, and the next offload pins anew. Raises UnknownTagError for a
+    tag that does not exist."""
+    _errors.check(
+        _lib.lib().tagmem_set_unpin_backup(_name(name), _device(device), 1 if unpin else 0))
+
+
 def set_replicated(name, group, rank=None, size=None, device=None):
     """Makes tag `name` a replicated tag (tagmem_set_replicated, docs/replicated.md): the processes
     of this job that name the same tag and `group`, each with its own `rank` of `size`, hold the

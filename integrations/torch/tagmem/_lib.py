@@ -195,6 +195,7 @@ _PROTOTYPES = {
         [_VOIDP, ctypes.c_int, ctypes.POINTER(_VOIDP), ctypes.POINTER(_SIZE)],
     ),
     "tagmem_set_keep_backup": (_STATUS, [ctypes.c_char_p, ctypes.c_int, ctypes.c_int]),
+    "tagmem_set_unpin_backup": (_STATUS, [ctypes.c_char_p, ctypes.c_int, ctypes.c_int]),
     "tagmem_set_replicated": (
         _STATUS,
         [ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_int],

@@ -406,6 +406,9 @@ class _Impl:
         # with the "mmap" backend, whose promise is host memory only while the tag is paused.
         backup_ahead = _backups.wants(name) and not _backups.reclaims(name)
         _api.plan_offload(name, _api.BACKUP if backup_ahead else _api.DISCARD)
+        # From its first pause on, an "mmap" backup lies in host memory of its own, which its
+        # resume can give back without touching what the other regions keep pinned.
+        _api.set_unpin_backup(name, _backups.wants(name) and _backups.reclaims(name))
         return name
 
     def _pool(self, key, make):
@@ -595,16 +598,15 @@ class _Impl:
             if tag is not None and not names:
                 raise _errors.error_for(4, f"torch_memory_saver.resume: tag '{tag}' is not paused")
             work.append((d, names))
-        reclaim = False
         for d, names in work:
             for n in names:
                 if _backups.wants(n):
                     _api.set_keep_backup(n, self._retain, d)
-                    reclaim |= _backups.reclaims(n) and not self._retain
+                    # The "mmap" backend's promise: its host memory goes back after the resume;
+                    # the other regions keep theirs pinned for their next pause.
+                    _api.set_unpin_backup(n, _backups.reclaims(n) and not self._retain, d)
             if names:
                 _api.reload(names, d)
-        if reclaim:  # the "mmap" backend's promise: host memory given back after resume
-            _api.host_trim(0)
 
     def get_cpu_backup(self, x, zero_copy):
         if not x.is_cuda or not x.is_contiguous():
@@ -808,9 +810,9 @@ _BACKENDS = ("pinned", "mmap")
 
 
 def _check_backend(backend):
-    """torch_memory_saver's CPU backup backends. Both back up to tagmem's pinned host store;
-    "mmap" adds its promise that host memory is given back after a resume that keeps no copy
-    (the store's free memory is trimmed then: docs/torch.md)."""
+    """torch_memory_saver's CPU backup backends. Both back up to pinned host memory; "mmap" adds
+    its promise that host memory is given back after a resume that keeps no copy (the region's
+    backup is unpinned then, tagmem_set_unpin_backup; the other regions keep theirs: docs/torch.md)."""
     if backend not in _BACKENDS:
         raise ValueError(f"cpu_backup_backend={backend!r}: expected 'pinned' or 'mmap'")
 
