@@ -296,6 +296,39 @@ def test_torch_mode_disk_backup_spills_to_files_and_restores_them(torch_free, io
         tagmem.raw_free(ptr)
 
 
+def test_a_disk_backup_that_cannot_be_written_raises_and_leaves_the_region_active(
+    torch_free, io, rng, tmp_path
+):
+    # torch_memory_saver's disk backup where no file can be made (the directory replaced by a
+    # regular file): pause() raises DiskIOError (an OSError) and tms_pause returns
+    # TAGMEM_ERROR_IO (15), the region stays active with its bytes, no file is left, and once the
+    # directory is back the same pause and resume work.
+    saver = dropin.TorchMemorySaver()
+    saver.hook_mode = "torch"
+    cdll = saver._ensure_initialized()._binary_wrapper.cdll
+    disk_dir = tmp_path / "spill"
+    saver.set_disk_backup_dir(str(disk_dir))
+    tag = f"e{rng.randrange(1 << 30)}"
+    with saver.region(tag=tag, enable_disk_backup=True):
+        ptr = tagmem.raw_alloc(4 << 20)
+    data = rng.randbytes(4 << 20)
+    io.write(ptr, data)
+    disk_dir.rmdir()
+    disk_dir.write_bytes(b"not a directory")
+    with pytest.raises(tagmem.DiskIOError) as raised:
+        saver.pause(tag)
+    assert isinstance(raised.value, OSError) and str(disk_dir) in str(raised.value)
+    assert cdll.tms_pause(tag.encode()) == 15
+    assert tagmem.state(tag) == "resident" and io.read(ptr, 4 << 20) == data
+    disk_dir.unlink()
+    disk_dir.mkdir()
+    saver.pause(tag)
+    assert tagmem.state(tag) == "offloaded_disk" and len(list(disk_dir.iterdir())) == 1
+    saver.resume(tag)
+    assert io.read(ptr, 4 << 20) == data and list(disk_dir.iterdir()) == []
+    tagmem.raw_free(ptr)
+
+
 def test_disk_and_cpu_backup_together_are_refused(torch_free):
     saver = dropin.TorchMemorySaver()
     saver.hook_mode = "torch"
