@@ -15,6 +15,9 @@ namespace tagmem {
 namespace {
 
 std::atomic<bool> g_warned{false};
+// Bit i: option i's value was put in the environment by this process (note_option_chosen_here).
+std::atomic<std::uint64_t> g_chosen_here{0};
+static_assert(kOptionCount <= 64, "g_chosen_here has a bit per option");
 std::mutex g_fields_mutex;
 std::vector<config_field> g_fields;  // guarded by g_fields_mutex
 
@@ -112,7 +115,9 @@ std::string describe_options() {
     if (field) {
       line(s.name, std::string("tagmem_config.") + field->field, format_size(field->value));
     } else if (const char* v = option_env(o)) {
-      line(s.name, check_option(s, v).ok ? "environment" : "invalid", v);
+      const bool here = g_chosen_here.load() >> i & 1;
+      line(s.name, !check_option(s, v).ok ? "invalid" : here ? "chosen-by-tagmem" : "environment",
+           v);
     } else {
       line(s.name, "default", shown_default(s));
     }
@@ -122,6 +127,10 @@ std::string describe_options() {
     line(name, "unknown", v ? v : "");
   }
   return out;
+}
+
+void note_option_chosen_here(option o) noexcept {
+  g_chosen_here.fetch_or(std::uint64_t{1} << static_cast<std::size_t>(o));
 }
 
 void forget_unknown_warning_for_testing() noexcept { g_warned.store(false); }

@@ -43,10 +43,16 @@ struct config_field {
 // Records the fields of the configuration just made (replacing those of the last one).
 void note_config_fields(std::vector<config_field> fields);
 
+// Says that this process itself put `o`'s value in its environment (peers/private_dir.cpp picks
+// the rendezvous directory at load time for the processes it starts), so that describe_options
+// tells it from a value the user gave.
+void note_option_chosen_here(option o) noexcept;
+
 // One line per setting of the table, then one per unknown TAGMEM_* variable:
 //   NAME ORIGIN VALUE
-// ORIGIN is default, environment, tagmem_config.<field>, invalid (set, but refused by
-// check_option) or unknown; VALUE is the value as given, or the default as documented.
+// ORIGIN is default, environment, chosen-by-tagmem (note_option_chosen_here), tagmem_config.<field>,
+// invalid (set, but refused by check_option) or unknown; VALUE is the value as given, or the
+// default as documented.
 std::string describe_options();
 
 // For tests: the unknown-name warning may be given again.

@@ -38,7 +38,10 @@ __attribute__((constructor)) void choose_job_directory() {
     std::snprintf(hex, sizeof hex, "%02x", b);
     path += hex;
   }
-  if (::setenv(spec_of(option::NCCL_DIR).name, path.c_str(), 0) == 0) g_chosen_by = ::getpid();
+  if (::setenv(spec_of(option::NCCL_DIR).name, path.c_str(), 0) == 0) {
+    g_chosen_by = ::getpid();
+    note_option_chosen_here(option::NCCL_DIR);
+  }
 }
 
 [[noreturn]] void refuse(const std::string& path, const std::string& why) {

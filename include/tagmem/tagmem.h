@@ -173,6 +173,8 @@ TAGMEM_API tagmem_status tagmem_init(const tagmem_config* config);
  * spaces, VALUE running to the end of the line. ORIGIN is one of
  *   default                    not set; VALUE is the default as documented ("2 MiB", "unset")
  *   environment                VALUE is the variable's, as given
+ *   chosen-by-tagmem           this process put VALUE in its environment itself (the rendezvous
+ *                              directory, TAGMEM_NCCL_DIR, when none is given), for its children
  *   invalid                    the variable's value, which tagmem_init would refuse
  *   tagmem_config.<field>      a field of the last tagmem_init's config overrode the variable
  *   unknown                    a TAGMEM_* variable that is no setting (tagmem_init warns once)

@@ -116,6 +116,20 @@ def test_config_prints_what_the_library_describes(rng):
     assert libraries["libtagmem"] == os.path.realpath(os.environ["TAGMEM_LIBRARY"])
 
 
+def test_config_tells_the_rendezvous_directory_tagmem_picked_from_one_the_user_gave(tmp_path):
+    # Without TAGMEM_PEER_DIR, TAGMEM_NCCL_DIR or XDG_RUNTIME_DIR, the library picks a directory
+    # when it loads and sets TAGMEM_NCCL_DIR for the processes it starts: not the user's setting.
+    drop = ("TAGMEM_PEER_DIR", "TAGMEM_NCCL_DIR", "XDG_RUNTIME_DIR")
+    out = tagmem_cli("config", drop=drop)
+    assert out.returncode == 0, out.stderr
+    origin, value = setting(out.stdout, "TAGMEM_NCCL_DIR")
+    assert origin == "chosen-by-tagmem" and "/tagmem-" in value, out.stdout
+    given = str(tmp_path / "peers")
+    env = {k: v for k, v in os.environ.items() if k not in drop}
+    out = tagmem_cli("config", env=dict(env, TAGMEM_NCCL_DIR=given))
+    assert setting(out.stdout, "TAGMEM_NCCL_DIR") == ("environment", given)
+
+
 def _sources(top, suffixes):
     for directory, _, files in os.walk(os.path.join(REPO_ROOT, top)):
         for name in files:
