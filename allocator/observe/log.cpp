@@ -6,6 +6,7 @@
 
 #include <atomic>
 #include <cstdio>
+#include <cstdlib>
 #include <mutex>
 
 #include "observe/log_stamp.hpp"
@@ -27,6 +28,16 @@ int read_level() noexcept {
   } catch (...) {
     return 0;
   }
+}
+
+// The rank a launcher gave this process on its node (torchrun's LOCAL_RANK, which NCCL groups
+// take as their rank too, peers/group.hpp), or -1 when there is none or it is no number.
+int launcher_rank() noexcept {
+  const char* v = std::getenv("LOCAL_RANK");
+  if (v == nullptr || *v < '0' || *v > '9') return -1;
+  char* end = nullptr;
+  const long r = std::strtol(v, &end, 10);
+  return *end == '\0' && r <= 1 << 20 ? static_cast<int>(r) : -1;
 }
 
 }  // namespace
@@ -69,7 +80,8 @@ std::string log_stamp() {
   int n = std::snprintf(buf, sizeof buf, "%04d-%02d-%02dT%02d:%02d:%02d.%03ldZ pid=%ld",
                         utc.tm_year + 1900, utc.tm_mon + 1, utc.tm_mday, utc.tm_hour, utc.tm_min,
                         utc.tm_sec, now.tv_nsec / 1000000, static_cast<long>(::getpid()));
-  const int rank = g_rank.load(std::memory_order_relaxed);
+  int rank = g_rank.load(std::memory_order_relaxed);
+  if (rank < 0) rank = launcher_rank();
   if (rank >= 0 && n > 0 && static_cast<std::size_t>(n) < sizeof buf) {
     std::snprintf(buf + n, sizeof buf - n, " rank=%d", rank);
   }

@@ -9,7 +9,8 @@
 
 namespace tagmem {
 
-// "2026-12-02T13:40:01.123Z pid=1234 rank=0" (no rank until one is set).
+// "2026-12-02T13:40:01.123Z pid=1234 rank=0": the rank set (set_log_rank), else the launcher's
+// LOCAL_RANK when it is a number, else none.
 std::string log_stamp();
 
 // This process's rank, shown on every line from now on (-1: none). Set by the layer that learns

@@ -505,6 +505,17 @@ TEST_F(Observe, EachLineCarriesUtcTimePidAndTheRankOnceKnown) {
   EXPECT_EQ(unstamped(lines[0], rank), "tagmem: " + text + "\n");
   EXPECT_EQ(unstamped(lines[1]), "tagmem: " + text + "\n");
 
+  // Before any group names the rank, the launcher's LOCAL_RANK does; one that is no number, not.
+  setenv("LOCAL_RANK", std::to_string(rank + 1).c_str(), 1);
+  log_line(text);
+  setenv("LOCAL_RANK", "7x", 1);
+  log_line(text);
+  unsetenv("LOCAL_RANK");
+  lines = take();
+  ASSERT_EQ(lines.size(), 2u);
+  EXPECT_EQ(unstamped(lines[0], rank + 1), "tagmem: " + text + "\n");
+  EXPECT_EQ(unstamped(lines[1]), "tagmem: " + text + "\n");
+
   // The rank an NCCL pause or resume resolves (passed, or LOCAL_RANK) is the one the lines show.
   setenv("TAGMEM_JOB", "observe-test", 1);
   setenv("LOCAL_RANK", std::to_string(rank).c_str(), 1);
