@@ -1,9 +1,11 @@
 """CUDA IPC of tagged tensors on a GPU with PyTorch: a 4 MiB tensor sent through a
 torch.multiprocessing queue to a spawned process that reads it and writes it.
 
-    python tests/torch/ipc_torch_gpu.py mempool|global|shim|bucket|bandwidth|cycles
+    python tests/torch/ipc_torch_gpu.py mempool|direct|global|shim|bucket|bandwidth|cycles
 
   mempool   tagmem.torch MemPool mode (tagmem's ForkingPickler reduction)
+  direct    MemPool mode, the sender calling torch.multiprocessing.reductions.reduce_tensor itself
+            and sending its (rebuild, args), which the receiver calls (verl's and OpenRLHF's shape)
   global    tagmem.torch.install() (the same reduction; PyTorch's own path has no IPC for a
             CUDAPluggableAllocator)
   shim      plain PyTorch under libtagmem_preload.so with TAGMEM_PRELOAD_TAG=torch (run it with
@@ -71,6 +73,8 @@ def wait_importers(n):
 def child(inbox, outbox):
     torch.cuda.set_device(0)
     x, seed, seed2 = inbox.get()
+    if isinstance(x, tuple):  # reduce_tensor's (rebuild, args), as the sender called it
+        x = x[0](*x[1])
     ok = torch.equal(x.cpu().view(torch.uint8).flatten(), seeded(seed, 4 * MiB))
     outbox.put(("read", ok, x.data_ptr(), x.device.index))
     x.view(torch.uint8).flatten().copy_(seeded(seed2, 4 * MiB, "cuda"))
@@ -90,7 +94,7 @@ def run_queue(mode):
         import tagmem.torch as tt
 
         tt.install()
-    elif mode == "mempool":
+    elif mode in ("mempool", "direct"):
         import tagmem.torch as tt
     seed, seed2 = 1234567, 7654321
     data = seeded(seed, 4 * MiB)
@@ -105,7 +109,10 @@ def run_queue(mode):
     inbox, outbox = ctx.Queue(), ctx.Queue()
     p = ctx.Process(target=child, args=(inbox, outbox))
     p.start()
-    inbox.put((x, seed, seed2))
+    if mode == "direct":
+        inbox.put((torch.multiprocessing.reductions.reduce_tensor(x), seed, seed2))
+    else:
+        inbox.put((x, seed, seed2))
     kind, same, ptr, device = outbox.get(timeout=120)
     assert kind == "read" and same, "the other process read other bytes"
     assert outbox.get(timeout=60) == ("written",)
@@ -282,7 +289,9 @@ def run_cycles():
 
 
 if __name__ == "__main__":
-    {"mempool": run_queue, "global": run_queue, "shim": run_queue}.get(MODE, lambda m: None)(MODE)
+    {"mempool": run_queue, "direct": run_queue, "global": run_queue, "shim": run_queue}.get(
+        MODE, lambda m: None
+    )(MODE)
     {"bucket": run_bucket, "bandwidth": run_bandwidth, "cycles": run_cycles}.get(
         MODE, lambda: None
     )()

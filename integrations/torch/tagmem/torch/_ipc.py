@@ -32,6 +32,15 @@ from .. import _api, _errors, _ipc
 
 _lock = threading.Lock()
 _original = {}  # class -> the reducer registered before tagmem's
+# PyTorch's own reducers as torch.multiprocessing.reductions defines them, before register()
+# puts tagmem's in their place there too (callers that call reduce_tensor themselves).
+_reductions = torch.multiprocessing.reductions
+_torch_reduce_tensor = getattr(
+    _reductions.reduce_tensor, "_tagmem_wraps", _reductions.reduce_tensor
+)
+_torch_reduce_storage = getattr(
+    _reductions.reduce_storage, "_tagmem_wraps", _reductions.reduce_storage
+)
 _mappings = weakref.WeakValueDictionary()  # IpcHandle -> IpcMapping open in this process
 
 
@@ -126,21 +135,43 @@ def _reduce_storage(storage):
     return _original[torch.UntypedStorage](storage)
 
 
+def reduce_tensor(tensor):
+    """``torch.multiprocessing.reductions.reduce_tensor`` once tagmem.torch is imported, for
+    callers that call it themselves and send its ``(rebuild, args)`` (verl, OpenRLHF): tagmem's
+    reduction for a tensor in a tag, PyTorch's for any other."""
+    return _reduce_tensor(tensor)
+
+
+def reduce_storage(storage):
+    """``torch.multiprocessing.reductions.reduce_storage`` once tagmem.torch is imported."""
+    return _reduce_storage(storage)
+
+
+reduce_tensor._tagmem_wraps = _torch_reduce_tensor
+reduce_storage._tagmem_wraps = _torch_reduce_storage
+
+
 def register():
-    """Puts tagmem's reductions in front of PyTorch's (idempotent)."""
+    """Puts tagmem's reductions in front of PyTorch's (idempotent): in ForkingPickler, and as
+    torch.multiprocessing.reductions' reduce_tensor and reduce_storage (a caller that imported
+    those names before tagmem.torch keeps PyTorch's)."""
     reducers = ForkingPickler._extra_reducers
     with _lock:
         tensor_classes = {torch.Tensor, torch.nn.parameter.Parameter}
-        torch_reduce = torch.multiprocessing.reductions.reduce_tensor
-        tensor_classes.update(c for c, r in reducers.items() if r is torch_reduce)
+        tensor_classes.update(c for c, r in reducers.items() if r is _torch_reduce_tensor)
         for cls in tensor_classes:
             current = reducers.get(cls)
             if current is not _reduce_tensor:
-                _original[cls] = current or torch.multiprocessing.reductions.reduce_tensor
+                # reduce_tensor (registered by someone since) leads back here: PyTorch's instead.
+                _original[cls] = (
+                    _torch_reduce_tensor if current in (None, reduce_tensor) else current
+                )
                 ForkingPickler.register(cls, _reduce_tensor)
         current = reducers.get(torch.UntypedStorage)
         if current is not _reduce_storage:
             _original[torch.UntypedStorage] = (
-                current or torch.multiprocessing.reductions.reduce_storage
+                _torch_reduce_storage if current in (None, reduce_storage) else current
             )
             ForkingPickler.register(torch.UntypedStorage, _reduce_storage)
+        _reductions.reduce_tensor = reduce_tensor
+        _reductions.reduce_storage = reduce_storage
