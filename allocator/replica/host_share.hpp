@@ -52,7 +52,9 @@ class host_share {
  private:
   host_share(device& dev, host_share_way way, int fd, std::size_t bytes)
       : dev_(dev), way_(way), fd_(fd), bytes_(bytes) {}
-  // Each throws; the destructor undoes what was done. `handle_` set: maps it; else imports fd_.
+  // Each throws; the destructor undoes what was done. map_cumem maps handle_ for the device and
+  // the host (`bad` non-empty: a map that fails is the sender's fault, PEER); map_memfd maps fd_
+  // and registers it, touching every page first when `fault_in`.
   void map_cumem(const CUmemAllocationProp& prop, const std::string& bad);
   void map_memfd(bool fault_in);
 
