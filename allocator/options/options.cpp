@@ -116,7 +116,10 @@ std::string describe_options() {
       line(s.name, std::string("tagmem_config.") + field->field, format_size(field->value));
     } else if (const char* v = option_env(o)) {
       const bool here = g_chosen_here.load() >> i & 1;
-      line(s.name, !check_option(s, v).ok ? "invalid" : here ? "chosen-by-tagmem" : "environment",
+      line(s.name,
+           !check_option(s, v).ok ? "invalid"
+           : here                 ? "chosen-by-tagmem"
+                                  : "environment",
            v);
     } else {
       line(s.name, "default", shown_default(s));

@@ -50,9 +50,9 @@ void note_option_chosen_here(option o) noexcept;
 
 // One line per setting of the table, then one per unknown TAGMEM_* variable:
 //   NAME ORIGIN VALUE
-// ORIGIN is default, environment, chosen-by-tagmem (note_option_chosen_here), tagmem_config.<field>,
-// invalid (set, but refused by check_option) or unknown; VALUE is the value as given, or the
-// default as documented.
+// ORIGIN is default, environment, chosen-by-tagmem (note_option_chosen_here),
+// tagmem_config.<field>, invalid (set, but refused by check_option) or unknown; VALUE is the value
+// as given, or the default as documented.
 std::string describe_options();
 
 // For tests: the unknown-name warning may be given again.

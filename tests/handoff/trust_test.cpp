@@ -3,12 +3,12 @@
 // claim differs from what the kernel reports, or of another job, GPU or granularity. The
 // protocol-level forgeries (a process lying on the wire) are in meet_test.cpp; another uid
 // cannot be forged there without root, so it is checked on the function itself.
+#include "handoff/trust.hpp"
+
 #include <gtest/gtest.h>
 #include <unistd.h>
 
 #include <string>
-
-#include "handoff/trust.hpp"
 
 namespace tagmem::handoff_test {
 namespace {
