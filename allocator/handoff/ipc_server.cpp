@@ -131,6 +131,7 @@ void ipc_server::after_end() noexcept {
 void ipc_server::end(std::uint64_t key) noexcept {
   std::lock_guard lock(mutex_);
   std::erase_if(live_, [&](const auto& e) { return e.first == key; });
+  live_count_.store(live_.size(), std::memory_order_release);
 }
 
 void ipc_server::serve_open(session& s) {
@@ -169,6 +170,7 @@ void ipc_server::serve_open(session& s) {
       mapped = source_.export_parts(rec.ptr, rec.bytes, fds, [&] {
         std::lock_guard lock(mutex_);
         live_.push_back({s.key, {o.from.who, rec.ptr, rec.bytes}});
+        live_count_.store(live_.size(), std::memory_order_release);
       });
     } catch (const error& e) {
       end(s.key);

@@ -29,6 +29,7 @@
 
 #include <sys/types.h>
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -87,6 +88,11 @@ class ipc_server {
   // Forgets the exports inside [base, base + size) (freed memory).
   void forget_within(std::uint64_t base, std::uint64_t size);
   std::vector<ipc_importer> importers() const;
+  // Whether any import is live, without the lock: an import is counted before the importer
+  // receives its handles, under the exporting tag's lock (ipc_source::export_parts), so a reader
+  // holding that tag's lock never misses one of its memory; a stale "yes" only costs the caller
+  // a look at importers().
+  bool any_importer() const noexcept { return live_count_.load(std::memory_order_acquire) != 0; }
   ipc_server_counters counters() const;
 
  private:
@@ -112,6 +118,7 @@ class ipc_server {
   mutable std::mutex mutex_;  // the fields below
   std::vector<record> records_;
   std::vector<std::pair<std::uint64_t, ipc_importer>> live_;  // session key -> import
+  std::atomic<std::size_t> live_count_{0};                    // live_.size()
   std::uint64_t next_id_ = 1;
   ipc_server_counters stats_;
   bool stop_ = false;

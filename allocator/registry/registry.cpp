@@ -58,7 +58,8 @@ registry::registry(const config& cfg) : cfg_(cfg), disk_dir_(option_text(option:
 }
 
 registry::~registry() {
-  early_.reset();       // waits for the offloads that returned early: they use everything below
+  early_.reset();  // waits for the offloads that returned early: they use everything below
+  exporter_.store(nullptr);
   ipc_server_.reset();  // it reads the tags
   imports_.clear();     // unmapped here; the exporters see their imports end
   pinner_.reset();      // it walks the tags and pins into the store

@@ -9,6 +9,7 @@
 // under a lock stay valid after it is released.
 #pragma once
 
+#include <atomic>
 #include <memory>
 #include <shared_mutex>
 
@@ -143,7 +144,8 @@ class registry {
   std::mutex ipc_mutex_;         // the fields below
   std::vector<held_free> held_;  // freed while imported (Note [free while imported])
   tag_ipc_source ipc_source_{[this](const auto& live) { ipc_imports_ended(live); }};
-  std::unique_ptr<handoff::ipc_server> ipc_server_;  // created by the first export
+  std::unique_ptr<handoff::ipc_server> ipc_server_;            // created by the first export
+  std::atomic<const handoff::ipc_server*> exporter_{nullptr};  // ipc_server_, read without the lock
   std::vector<std::unique_ptr<handoff::ipc_import>> imports_;
   nccl_holds nccl_holds_;
 };

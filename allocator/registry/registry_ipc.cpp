@@ -63,6 +63,7 @@ handoff::ipc_handle registry::ipc_export(std::uint64_t ptr, std::uint64_t bytes)
     const meeting m = ipc_meeting();
     ipc_server_ =
         std::make_unique<handoff::ipc_server>(ipc_source_, m.job, m.dir, cfg_.handoff_timeout_ms);
+    exporter_.store(ipc_server_.get(), std::memory_order_release);
   }
   return ipc_server_->add(ptr, bytes, uuid, granularity);
 }
@@ -114,6 +115,10 @@ void registry::ipc_close(std::uint64_t ptr) {
 // go the same way. Lock order: the tag's lock, then ipc_mutex_, then the server's; the release
 // takes the tag's lock only after letting go of ipc_mutex_.
 bool registry::ipc_hold_if_imported(tag& t, std::uint64_t ptr, std::size_t size, CUstream stream) {
+  // Every free asks: without a live import (nearly always) it costs two atomic loads, not the lock
+  // and a copy of the importers.
+  const handoff::ipc_server* exporter = exporter_.load(std::memory_order_acquire);
+  if (!exporter || !exporter->any_importer()) return false;
   std::lock_guard lock(ipc_mutex_);
   if (!ipc_server_) return false;
   const std::vector<handoff::ipc_importer> live = ipc_server_->importers();
