@@ -511,7 +511,11 @@ tagmem_status tagmem_ipc_stats_get_sized(tagmem_ipc_stats* out, size_t out_size)
     s.opened_by_peers = c.opened;
     s.refused_peers = c.refused;
     s.open_here = r.ipc_open_here();
-    write_sized(s, out, out_size, sizeof(tagmem_ipc_stats), "tagmem_ipc_stats");
+    const registry::held_totals held = r.ipc_held();
+    s.held_allocations = held.allocations;
+    s.held_bytes = held.bytes;
+    // The first release ended at open_here.
+    write_sized(s, out, out_size, offsetof(tagmem_ipc_stats, held_allocations), "tagmem_ipc_stats");
   });
 }
 

@@ -94,6 +94,11 @@ class registry {
   // live allocation starts at ptr), for the caller to free it. Throws DRIVER, nothing changed.
   bool ipc_hold_if_imported(tag& t, std::uint64_t ptr, std::size_t size, CUstream stream);
   handoff::ipc_server_counters ipc_counters();
+  struct held_totals {
+    std::uint64_t allocations = 0, bytes = 0;
+  };
+  // The allocations freed while imported and not yet given back (Note [free while imported]).
+  held_totals ipc_held();
   std::size_t ipc_open_here();
   // Tagged memory NCCL holds, as the LD_PRELOAD shim reports it (Note [nccl holds]).
   nccl_holds& held_by_nccl() noexcept { return nccl_holds_; }

@@ -166,6 +166,16 @@ handoff::ipc_server_counters registry::ipc_counters() {
   return ipc_server_ ? ipc_server_->counters() : handoff::ipc_server_counters{};
 }
 
+registry::held_totals registry::ipc_held() {
+  std::lock_guard lock(ipc_mutex_);
+  held_totals t;
+  for (const held_free& h : held_) {
+    ++t.allocations;
+    t.bytes += h.size;
+  }
+  return t;
+}
+
 std::size_t registry::ipc_open_here() {
   std::lock_guard lock(ipc_mutex_);
   return imports_.size();

@@ -553,6 +553,11 @@ typedef struct tagmem_ipc_stats {
   uint64_t opened_by_peers; /* ever: opens of this process's exports */
   uint64_t refused_peers;   /* ever: opens refused (user, job, identity, secret, gone export) */
   uint64_t open_here;       /* now: other processes' exports this process has open */
+  /* now: allocations this process freed while another process still maps them, and their bytes.
+   * Freed for the caller, they stay out of the pool (counted in reserved_bytes) until the last
+   * process mapping them closes them. */
+  uint64_t held_allocations;
+  uint64_t held_bytes;
 } tagmem_ipc_stats;
 /* This process's IPC figures, written to the `out_size` bytes at `out`. Call it through
  * tagmem_ipc_stats_get(out), which passes sizeof(*out). Errors: INVALID_ARGUMENT (NULL out, not

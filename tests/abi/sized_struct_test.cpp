@@ -325,9 +325,10 @@ TEST_F(PeerSizedStruct, IpcStatsAtEverySize) {
   ASSERT_EQ(tagmem_ipc_stats_get(&full), TAGMEM_SUCCESS) << last_error();
   EXPECT_EQ(full.exports, 1u);
   EXPECT_EQ(full.importers, 0u);
-  EXPECT_EQ(full.open_here, 0u);  // the last field
-  for (std::size_t size :
-       {kFirstIpcStats, sizeof(tagmem_ipc_stats), sizeof(tagmem_ipc_stats) + 24}) {
+  EXPECT_EQ(full.open_here, 0u);
+  EXPECT_EQ(full.held_bytes, 0u);  // the last field
+  for (std::size_t size : {kFirstIpcStats, offsetof(tagmem_ipc_stats, held_bytes),
+                           sizeof(tagmem_ipc_stats), sizeof(tagmem_ipc_stats) + 24}) {
     caller_buffer b(size, rng_);
     ASSERT_EQ(tagmem_ipc_stats_get_sized(b.as<tagmem_ipc_stats>(), size), TAGMEM_SUCCESS)
         << size << ": " << last_error();

@@ -128,7 +128,9 @@ TEST_F(IpcPair, MemoryFreedWhileOpenIsNotReusedUntilClosed) {
   ASSERT_EQ(tagmem_free(a, nullptr), TAGMEM_SUCCESS) << tagmem_last_error();
   EXPECT_EQ(tagmem_free(a, nullptr), TAGMEM_ERROR_UNKNOWN_POINTER) << "a second free passed";
   EXPECT_EQ(ipc_stats().exports, 0u);  // freeing forgets the export
-  void* b = alloc(kSize, seed_ + 1);   // the size that would reuse a's block at once
+  EXPECT_EQ(ipc_stats().held_allocations, 1u);
+  EXPECT_EQ(ipc_stats().held_bytes, kSize);
+  void* b = alloc(kSize, seed_ + 1);  // the size that would reuse a's block at once
   EXPECT_NE(b, a) << "memory the peer maps was handed out again";
   peer.channel().send("check 0 " + std::to_string(seed_));
   EXPECT_EQ(peer.channel().receive(), "same")
@@ -155,6 +157,8 @@ TEST_F(IpcPair, MemoryFreedWhileOpenIsNotReusedUntilClosed) {
     if (!back) std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   EXPECT_TRUE(back) << "the freed allocation stayed out of the pool after the peer closed";
+  EXPECT_EQ(ipc_stats().held_allocations, 0u);
+  EXPECT_EQ(ipc_stats().held_bytes, 0u);
   peer.channel().send("exit");
   EXPECT_EQ(peer.wait(), 0);
   ASSERT_EQ(tagmem_free(b, nullptr), TAGMEM_SUCCESS);

@@ -76,7 +76,7 @@ from ._errors import (
 from ._ipc import IpcHandle, IpcMapping, ipc_export, ipc_open, ipc_stats, ipc_unexport
 from ._lib import LibraryNotFound, library_file, origin as library_origin
 
-__version__ = "1.1.0"
+__version__ = "1.2.0"
 
 __all__ = [
     "BACKUP",

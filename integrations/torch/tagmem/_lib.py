@@ -125,6 +125,8 @@ class IpcStats(ctypes.Structure):
         ("opened_by_peers", _U64),
         ("refused_peers", _U64),
         ("open_here", _U64),
+        ("held_allocations", _U64),
+        ("held_bytes", _U64),
     ]
 
 
