@@ -251,10 +251,32 @@ void host_store::give_back_locked(char* ptr, std::size_t size) {
 }
 
 void host_store::release(const meta_vector<host_extent>& extents) noexcept {
-  std::lock_guard lock(mutex_);
-  for (const host_extent& e : extents) {
-    give_back_locked(e.ptr, e.size);
-    stats_.used_bytes -= e.size;
+  bool returned = false;
+  {
+    std::lock_guard lock(mutex_);
+    for (const host_extent& e : extents) {
+      returned |= std::prev(slabs_.upper_bound(e.ptr))->second.returned;
+      give_back_locked(e.ptr, e.size);
+      stats_.used_bytes -= e.size;
+    }
+  }
+  // Note [backups given back to the system]: slabs of that class go back once empty, whatever the
+  // tag that used them asks now (its flag may have changed since its offload).
+  if (returned) unpin_emptied(extents, true);
+}
+
+void host_store::unpin_emptied(const meta_vector<host_extent>& extents,
+                               bool returned_only) noexcept {
+  try {
+    unpin_free_slabs([](std::unique_lock<std::mutex>&) {},
+                     [&](char* base, std::size_t size) {  // under the lock
+                       if (returned_only && !slabs_.at(base).returned) return false;
+                       for (const host_extent& e : extents) {
+                         if (e.ptr >= base && e.ptr < base + size) return true;
+                       }
+                       return false;
+                     });
+  } catch (...) {  // no memory for the lists, or an unpin failed: those slabs stay pinned, free
   }
 }
 
@@ -375,16 +397,7 @@ void host_store::trim(std::size_t keep_bytes) {
 
 void host_store::release_and_unpin(const meta_vector<host_extent>& extents) noexcept {
   release(extents);
-  try {
-    unpin_free_slabs([](std::unique_lock<std::mutex>&) {},
-                     [&](char* base, std::size_t size) {
-                       for (const host_extent& e : extents) {
-                         if (e.ptr >= base && e.ptr < base + size) return true;
-                       }
-                       return false;
-                     });
-  } catch (...) {  // no memory for the lists, or an unpin failed: those slabs stay pinned, free
-  }
+  unpin_emptied(extents, false);
 }
 
 host_store_stats host_store::stats() {

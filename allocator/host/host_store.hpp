@@ -13,9 +13,11 @@
 // Note [backups given back to the system]: a tag can ask for the opposite of pin once
 // (tagmem_set_unpin_backup: torch_memory_saver's "mmap" backend promises that a region's host
 // memory goes back after its resume). Its extents come from slabs of their own, which hold no
-// other kind of backup, pinned to the size asked rather than a whole slab, so that the reload's
-// release_and_unpin() can unpin them whole without touching the slabs that other tags keep
-// pinned for their next offload.
+// other kind of backup, pinned to the size asked rather than a whole slab, so that release() can
+// unpin them whole once the reload gives them back, without touching the slabs that other tags
+// keep pinned for their next offload. Where a backup lies decides, not the tag's flag at its
+// reload: a flag cleared after the offload still gives that backup's memory back, and one set
+// after it leaves the shared slabs pinned.
 #pragma once
 
 #include <cuda.h>
@@ -67,6 +69,8 @@ class host_store {
   // Extents adding up to exactly `bytes` from slabs that serve only such requests (Note [backups
   // given back to the system]), pinning what they lack. Throws as acquire() does.
   meta_vector<host_extent> acquire_returned(std::size_t bytes);
+  // Gives `extents` back. Those from acquire_returned() leave their slabs pinned no longer than
+  // this: each such slab is unpinned once it holds no extent.
   void release(const meta_vector<host_extent>& extents) noexcept;
   // Gives `extents` back as release() does, then unpins each slab they lay in that holds no
   // extent any more, so that their host addresses are no longer pinned (Note [a freed
@@ -108,6 +112,9 @@ class host_store {
   // Adds to `added` under the lock.
   void add_slab(pinned_slab r, std::size_t& added, bool returned);
   void give_back_locked(char* ptr, std::size_t size);
+  // Unpins the slabs that `extents` lay in and that hold no extent now (only acquire_returned()'s
+  // where `returned_only`); a failure leaves them pinned and free. Call without the lock.
+  void unpin_emptied(const meta_vector<host_extent>& extents, bool returned_only) noexcept;
   std::size_t free_bytes_locked() const;
   std::size_t free_returned_locked() const;  // free bytes in returned slabs
   // Takes `bytes` from the free ranges of the slabs of class `returned` (there are enough).

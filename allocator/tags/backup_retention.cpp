@@ -12,11 +12,8 @@ void finish_reload_backup(tag& t, host_store& store) noexcept {
     t.set_kept(true, c.alloc_count, c.free_count);
     return;
   }
-  if (gives_backup_back(t)) {
-    store.release_and_unpin(t.extents());
-  } else {
-    store.release(t.extents());
-  }
+  // Note [backups given back to the system]: the store unpins extents of their own slabs.
+  store.release(t.extents());
   t.extents().clear();
   t.pieces().clear();
   t.set_kept(false, 0, 0);

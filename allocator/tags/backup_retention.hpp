@@ -14,12 +14,13 @@
 
 namespace tagmem {
 
-// The end of a reload: keeps the backup when the tag asks for it, else gives it to the store, or
-// back to the system for a tag that asks for that (gives_backup_back).
+// The end of a reload: keeps the backup when the tag asks for it, else gives it to the store
+// (which unpins a backup that lay in slabs of its own: Note [backups given back to the system]).
 void finish_reload_backup(tag& t, host_store& store) noexcept;
 
-// Whether `t`'s backup goes back to the system at its reload (Note [backups given back to the
-// system] in host/host_store.hpp): asked for, and not overridden by keeping it.
+// Whether `t`'s next offload puts its backup in slabs of its own, which go back to the system at
+// its reload (Note [backups given back to the system] in host/host_store.hpp): asked for, and not
+// overridden by keeping it.
 inline bool gives_backup_back(const tag& t) noexcept {
   return t.unpin_backup() && !t.keep_backup();
 }

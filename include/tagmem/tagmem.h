@@ -402,7 +402,9 @@ TAGMEM_API tagmem_status tagmem_set_keep_backup(const char* tag, int device, int
  * other kind of tag, and a reload unpins and unmaps what it leaves unused, so the process's
  * resident memory drops after the reload; the next offload pins again (slower, as every first
  * offload is). torch_memory_saver's "mmap" CPU-backup backend maps to this. A tag that keeps its
- * backup (tagmem_set_keep_backup) keeps it pinned all the same.
+ * backup (tagmem_set_keep_backup) keeps it pinned all the same. The flag takes effect at the next
+ * offload: a backup made while it was set goes back at its reload even if it was cleared since,
+ * and one made before it was set stays in the pinned memory that other tags reuse.
  * Errors: UNKNOWN_TAG (create the tag first), INVALID_ARGUMENT (bad device). Thread-safe. */
 TAGMEM_API tagmem_status tagmem_set_unpin_backup(const char* tag, int device, int unpin);
 

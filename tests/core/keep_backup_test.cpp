@@ -328,6 +328,39 @@ TEST_F(KeepBackup, AnUnpinningTagGivesItsHostMemoryBackAndTheOthersKeepTheirs) {
   free_all(given);
 }
 
+// The flag changed between the offload and the reload. Cleared: the backup already lies in slabs
+// of its own, which serve no other tag, so they go back at the reload rather than stay pinned
+// until a trim. Set: the backup lies in the shared slabs, which stay pinned for the next offload.
+TEST_F(KeepBackup, AnUnpinFlagChangedWhileOffloadedFollowsWhereTheBackupLies) {
+  auto rng = rng_for_test();
+  constexpr std::size_t kBytes = 8u << 20;
+  auto data = fill(rng, "flips", 1, kBytes);
+  const char* flips[] = {"flips"};
+  const std::size_t before = store_pinned();
+
+  TAGMEM_OK(tagmem_set_unpin_backup("flips", 0, 1));
+  TAGMEM_OK(tagmem_offload(flips, 1, 0, TAGMEM_BACKUP));
+  const void* old = host_of(data[0].ptr);
+  ASSERT_NE(old, nullptr) << tagmem_last_error();
+  TAGMEM_OK(tagmem_set_unpin_backup("flips", 0, 0));
+  TAGMEM_OK(tagmem_reload(flips, 1, 0));
+  EXPECT_EQ(corrupted(data), 0u);
+  EXPECT_FALSE(pinned(old)) << "the backup's own slabs stayed pinned after the reload";
+  EXPECT_EQ(store_pinned(), before);
+
+  refill(rng, data);
+  TAGMEM_OK(tagmem_offload(flips, 1, 0, TAGMEM_BACKUP));  // into the shared slabs
+  const std::size_t offloaded = store_pinned();
+  const void* shared = host_of(data[0].ptr);
+  ASSERT_NE(shared, nullptr) << tagmem_last_error();
+  TAGMEM_OK(tagmem_set_unpin_backup("flips", 0, 1));
+  TAGMEM_OK(tagmem_reload(flips, 1, 0));
+  EXPECT_EQ(corrupted(data), 0u);
+  EXPECT_EQ(store_pinned(), offloaded) << "the shared slabs were unpinned";
+  EXPECT_TRUE(pinned(shared));
+  free_all(data);
+}
+
 class EmulatorKeepBackup : public tagmem_test {
  protected:
   void SetUp() override {
