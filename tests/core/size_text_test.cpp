@@ -60,7 +60,9 @@ TEST(SizeText, FractionsMustComeToWholeBytes) {
     const parsed_size gib = parse_size(text + "GiB");
     // 2^30 * tenths / 10 is a whole number of bytes only for 0 and 5 tenths.
     ASSERT_EQ(gib.ok, tenths % 5 == 0) << text;
-    if (gib.ok) EXPECT_EQ(gib.bytes, whole * (K2 * K2 * K2) + tenths * (K2 * K2 * K2) / 10);
+    if (gib.ok) {
+      EXPECT_EQ(gib.bytes, whole * (K2 * K2 * K2) + tenths * (K2 * K2 * K2) / 10);
+    }
     const parsed_size mb = parse_size(text + "MB");
     ASSERT_TRUE(mb.ok) << text;
     EXPECT_EQ(mb.bytes, whole * 1000000 + tenths * 100000);

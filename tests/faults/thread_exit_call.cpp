@@ -29,7 +29,7 @@ tagmem_status free_at_thread_exit(void* ptr, tagmem_stream stream, bool use_firs
     message = "pthread_key_create failed";
     return TAGMEM_ERROR_INTERNAL;
   }
-  job j{ptr, stream};
+  job j{ptr, stream, TAGMEM_SUCCESS, {}};
   std::thread t([&] {
     if (use_first) {
       tagmem_status s = tagmem_push_tag(scope_tag);
