@@ -70,6 +70,7 @@ tagmem_offload_mode checked_mode(const tagmem_offload_mode& mode) {
 constexpr std::size_t kFirstConfig = offsetof(tagmem_config, host_max_bytes);
 constexpr std::size_t kFirstTagStats = offsetof(tagmem_tag_stats, peak_allocated_bytes);
 constexpr std::size_t kFirstDeviceStats = offsetof(tagmem_device_stats, host_budget_bytes);
+constexpr std::size_t kFirstIpcStats = offsetof(tagmem_ipc_stats, held_allocations);
 
 void expect_non_null(const void* p, const char* what) {
   TAGMEM_EXPECTS(p != nullptr, TAGMEM_ERROR_INVALID_ARGUMENT, std::string(what) + " is NULL");
@@ -514,8 +515,7 @@ tagmem_status tagmem_ipc_stats_get_sized(tagmem_ipc_stats* out, size_t out_size)
     const registry::held_totals held = r.ipc_held();
     s.held_allocations = held.allocations;
     s.held_bytes = held.bytes;
-    // The first release ended at open_here.
-    write_sized(s, out, out_size, offsetof(tagmem_ipc_stats, held_allocations), "tagmem_ipc_stats");
+    write_sized(s, out, out_size, kFirstIpcStats, "tagmem_ipc_stats");
   });
 }
 

@@ -229,8 +229,9 @@ void host_store::take_locked(std::size_t bytes, bool returned, meta_vector<host_
   }
 }
 
-void host_store::give_back_locked(char* ptr, std::size_t size) {
+bool host_store::give_back_locked(char* ptr, std::size_t size) {
   auto slab_it = std::prev(slabs_.upper_bound(ptr));
+  const bool returned = slab_it->second.returned;
   slab_it->second.used -= size;
   char* slab_start = slab_it->first;
   char* slab_end = slab_start + slab_it->second.size;
@@ -248,21 +249,23 @@ void host_store::give_back_locked(char* ptr, std::size_t size) {
     free_.erase(next);
   }
   free_.emplace(ptr, size);
+  return returned;
+}
+
+bool host_store::give_back(const meta_vector<host_extent>& extents) noexcept {
+  std::lock_guard lock(mutex_);
+  bool returned = false;
+  for (const host_extent& e : extents) {
+    returned |= give_back_locked(e.ptr, e.size);
+    stats_.used_bytes -= e.size;
+  }
+  return returned;
 }
 
 void host_store::release(const meta_vector<host_extent>& extents) noexcept {
-  bool returned = false;
-  {
-    std::lock_guard lock(mutex_);
-    for (const host_extent& e : extents) {
-      returned |= std::prev(slabs_.upper_bound(e.ptr))->second.returned;
-      give_back_locked(e.ptr, e.size);
-      stats_.used_bytes -= e.size;
-    }
-  }
   // Note [backups given back to the system]: slabs of that class go back once empty, whatever the
   // tag that used them asks now (its flag may have changed since its offload).
-  if (returned) unpin_emptied(extents, true);
+  if (give_back(extents)) unpin_emptied(extents, true);
 }
 
 void host_store::unpin_emptied(const meta_vector<host_extent>& extents,
@@ -396,7 +399,7 @@ void host_store::trim(std::size_t keep_bytes) {
 }
 
 void host_store::release_and_unpin(const meta_vector<host_extent>& extents) noexcept {
-  release(extents);
+  give_back(extents);
   unpin_emptied(extents, false);
 }
 

@@ -111,7 +111,10 @@ class host_store {
   std::size_t claim(std::size_t need, std::size_t asked, const char* what, bool returned);
   // Adds to `added` under the lock.
   void add_slab(pinned_slab r, std::size_t& added, bool returned);
-  void give_back_locked(char* ptr, std::size_t size);
+  // Returns whether the range lay in a slab of acquire_returned()'s class.
+  bool give_back_locked(char* ptr, std::size_t size);
+  // give_back_locked() for each extent, under the lock; whether any lay in such a slab.
+  bool give_back(const meta_vector<host_extent>& extents) noexcept;
   // Unpins the slabs that `extents` lay in and that hold no extent now (only acquire_returned()'s
   // where `returned_only`); a failure leaves them pinned and free. Call without the lock.
   void unpin_emptied(const meta_vector<host_extent>& extents, bool returned_only) noexcept;
