@@ -14,17 +14,14 @@
 #include <atomic>
 #include <cstdint>
 #include <cstdlib>
-#include <cstring>
 #include <string>
 
 #include "handoff/handoff_messages.hpp"
+#include "peers/unix_channel.hpp"
 
 namespace {
 
 using sendmsg_fn = ssize_t (*)(int, const msghdr*, int);
-
-// The frame header every channel message starts with (peers/unix_channel.cpp).
-constexpr std::uint32_t kFrameMagic = 0x4e4d4754;  // "TGMN"
 
 struct kill_point {
   std::uint32_t type = 0;  // 0: none
@@ -47,14 +44,23 @@ kill_point parse(const char* spec) {
   return {type, nth};
 }
 
-// The frame type a send starts with, or 0 when it does not start a frame.
+// The frame type a send starts with (the channel's own decoder reads the header), or 0 when it
+// does not start a frame.
 std::uint32_t frame_type(const msghdr* msg) {
-  if (!msg || msg->msg_iovlen == 0 || msg->msg_iov[0].iov_len < 2 * sizeof(std::uint32_t)) {
+  if (!msg || msg->msg_iovlen == 0 || msg->msg_iov[0].iov_len < tagmem::peers::kFrameHeaderBytes) {
     return 0;
   }
-  std::uint32_t head[2];
-  std::memcpy(head, msg->msg_iov[0].iov_base, sizeof head);
-  return head[0] == kFrameMagic ? head[1] : 0;
+  std::size_t fds = 0;
+  for (cmsghdr* c = CMSG_FIRSTHDR(msg); c; c = CMSG_NXTHDR(const_cast<msghdr*>(msg), c)) {
+    if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) {
+      fds += (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+    }
+  }
+  try {
+    return tagmem::peers::decode_frame_header(msg->msg_iov[0].iov_base, fds, "", "").type;
+  } catch (...) {  // not a frame's start
+    return 0;
+  }
 }
 
 }  // namespace
