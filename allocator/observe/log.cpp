@@ -112,4 +112,10 @@ std::string format_gbps(double bytes, double ms) {
   return buf;
 }
 
+std::string format_address(std::uint64_t address) {
+  char buf[24];
+  std::snprintf(buf, sizeof buf, "0x%llx", static_cast<unsigned long long>(address));
+  return buf;
+}
+
 }  // namespace tagmem

@@ -7,6 +7,7 @@
 // described in docs/observe.md.
 #pragma once
 
+#include <cstdint>
 #include <functional>
 #include <string>
 
@@ -30,7 +31,8 @@ void configure_observation() noexcept;
 void set_log_sink_for_testing(std::function<void(const std::string&)> sink);
 
 // Formatting shared by the log and the trace.
-std::string format_ms(double ms);                  // "12.345"
-std::string format_gbps(double bytes, double ms);  // "10.44", "0" when ms is 0
+std::string format_ms(double ms);                   // "12.345"
+std::string format_gbps(double bytes, double ms);   // "10.44", "0" when ms is 0
+std::string format_address(std::uint64_t address);  // "0x7f3a00000000"
 
 }  // namespace tagmem

@@ -2,23 +2,13 @@
 #include "registry/nccl_holds.hpp"
 
 #include <algorithm>
-#include <cstdio>
 
 #include "base/error.hpp"
 #include "device/address_index.hpp"
+#include "observe/log.hpp"
 #include "tags/tag.hpp"
 
 namespace tagmem {
-namespace {
-
-std::string hex(std::uint64_t v) {
-  char text[24];
-  std::snprintf(text, sizeof text, "0x%llx", static_cast<unsigned long long>(v));
-  return text;
-}
-
-}  // namespace
-
 bool nccl_holds::part_at(tag& t, std::uint64_t address, part_hold& out) {
   const auto& maps = t.arena().mappings();
   auto it = maps.upper_bound(address);
@@ -185,7 +175,7 @@ std::string nccl_holds::describe(const part_hold& p) {
         "NCCL_GRAPH_REGISTER=0 avoids both), a symmetric-memory window's, or one made through a "
         "libnccl handle of the caller's own; held while this process runs");
   if (!p.mapped_at.empty())
-    add("NCCL maps it at " + hex(p.mapped_at.front()) + " for a peer in this process");
+    add("NCCL maps it at " + format_address(p.mapped_at.front()) + " for a peer in this process");
   if (p.retains > 0)
     add(std::to_string(p.retains) +
         " reference(s) taken with cuMemRetainAllocationHandle and not yet released");
@@ -199,7 +189,7 @@ void nccl_holds::refuse(const meta_vector<tag*>& tags, const char* operation) {
     if (std::find(tags.begin(), tags.end(), p.owner) == tags.end() || !p.held()) continue;
     fail(TAGMEM_ERROR_PEER,
          std::string("tag '") + p.owner->name() + "' cannot be " + operation + ": NCCL holds its " +
-             std::to_string(p.bytes) + " bytes at " + hex(p.va) + " (" + describe(p) +
+             std::to_string(p.bytes) + " bytes at " + format_address(p.va) + " (" + describe(p) +
              "); its holders would stay on the old pages while the tag reloads onto "
              "new ones");
   }
