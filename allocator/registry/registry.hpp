@@ -10,6 +10,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <memory>
 #include <shared_mutex>
 
@@ -145,6 +146,7 @@ class registry {
     tag* owner;
     std::uint64_t ptr;
     std::size_t size;
+    std::chrono::steady_clock::time_point since;  // when it was freed, for the log line
   };
   std::mutex ipc_mutex_;         // the fields below
   std::vector<held_free> held_;  // freed while imported (Note [free while imported])

@@ -8,6 +8,7 @@
 
 #include "base/error.hpp"
 #include "device/address_index.hpp"
+#include "observe/log.hpp"
 #include "peers/job_identity.hpp"
 #include "peers/private_dir.hpp"
 #include "registry/registry.hpp"
@@ -119,16 +120,33 @@ bool registry::ipc_hold_if_imported(tag& t, std::uint64_t ptr, std::size_t size,
   // and a copy of the importers.
   const handoff::ipc_server* exporter = exporter_.load(std::memory_order_acquire);
   if (!exporter || !exporter->any_importer()) return false;
-  std::lock_guard lock(ipc_mutex_);
-  if (!ipc_server_) return false;
-  const std::vector<handoff::ipc_importer> live = ipc_server_->importers();
-  const bool mapped = std::any_of(live.begin(), live.end(), [&](const handoff::ipc_importer& i) {
-    return i.ptr < ptr + size && ptr < i.ptr + i.bytes;
-  });
-  if (!mapped) return false;
-  held_.reserve(held_.size() + 1);  // may throw: nothing changed yet
-  if (!t.pool().hold(ptr, stream)) return false;
-  held_.push_back({&t, ptr, size});
+  std::string by;  // the processes that keep it, for the log line
+  {
+    std::lock_guard lock(ipc_mutex_);
+    if (!ipc_server_) return false;
+    const std::vector<handoff::ipc_importer> live = ipc_server_->importers();
+    std::vector<pid_t> pids;
+    for (const handoff::ipc_importer& i : live) {
+      if (i.ptr < ptr + size && ptr < i.ptr + i.bytes &&
+          std::find(pids.begin(), pids.end(), i.who.pid) == pids.end()) {
+        pids.push_back(i.who.pid);
+      }
+    }
+    if (pids.empty()) return false;
+    for (pid_t p : pids) by += (by.empty() ? "" : ",") + std::to_string(p);
+    held_.reserve(held_.size() + 1);  // may throw: nothing changed yet
+    if (!t.pool().hold(ptr, stream)) return false;
+    held_.push_back({&t, ptr, size, std::chrono::steady_clock::now()});
+  }
+  // A hold has no time limit (the importer's mapping must stay valid), so the line names who
+  // keeps the memory out of the pool; its end is logged too, with how long it lasted.
+  if (logging(log_level::info)) {
+    try {
+      log_line("ipc held-after-free tag=" + std::string(t.name()) + " ptr=" + format_address(ptr) +
+               " bytes=" + std::to_string(size) + " by_pids=" + by);
+    } catch (...) {  // no memory for the line: the free has happened all the same
+    }
+  }
   return true;
 }
 
@@ -150,9 +168,20 @@ void registry::ipc_imports_ended(const std::vector<handoff::ipc_importer>& live)
       held_.erase(held_.begin() + static_cast<std::ptrdiff_t>(k));
     }
   }
+  const auto now = std::chrono::steady_clock::now();
   for (const held_free& h : ready) {
-    std::lock_guard lock(h.owner->mutex());
-    h.owner->pool().release_held(h.ptr);
+    {
+      std::lock_guard lock(h.owner->mutex());
+      h.owner->pool().release_held(h.ptr);
+    }
+    if (logging(log_level::info)) {
+      const double ms = std::chrono::duration<double, std::milli>(now - h.since).count();
+      try {
+        log_line("ipc held-returned ptr=" + format_address(h.ptr) +
+                 " bytes=" + std::to_string(h.size) + " held_ms=" + format_ms(ms));
+      } catch (...) {  // no memory for the line: the block is back all the same
+      }
+    }
   }
 }
 

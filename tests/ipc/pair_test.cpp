@@ -5,12 +5,15 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <memory>
+#include <mutex>
 #include <random>
 #include <thread>
 
 #include "harness.hpp"
 #include "ipc_harness.hpp"
+#include "observe/log.hpp"
 #include "peer.hpp"
 
 namespace tagmem::ipc_test {
@@ -39,6 +42,17 @@ class IpcPair : public ::testing::Test {
         << tagmem_last_error();
     write_device(p, random_bytes(seed, size));
     return p;
+  }
+  // Exports [p, p + size) and has `peer` open it as its first import.
+  ::testing::AssertionResult open_in(peer_process& peer, void* p, std::size_t size) {
+    tagmem_ipc_handle h{};
+    if (tagmem_ipc_export(p, size, &h) != TAGMEM_SUCCESS) {
+      return ::testing::AssertionFailure() << tagmem_last_error();
+    }
+    peer.channel().send("open " + to_text(h));
+    const std::string got = peer.channel().receive();
+    if (got != "opened 0 " + std::to_string(size)) return ::testing::AssertionFailure() << got;
+    return ::testing::AssertionSuccess();
   }
   handoff_test::fd_census before_;
   std::uint64_t seed_ = 0;
@@ -119,11 +133,8 @@ TEST_F(IpcPair, PeerReadsAndWritesTheSameMemory) {
 TEST_F(IpcPair, MemoryFreedWhileOpenIsNotReusedUntilClosed) {
   constexpr std::size_t kSize = 4 * MiB;
   void* a = alloc(kSize, seed_);
-  tagmem_ipc_handle h{};
-  ASSERT_EQ(tagmem_ipc_export(a, kSize, &h), TAGMEM_SUCCESS) << tagmem_last_error();
   peer_process peer("ipc_importer", "p");
-  peer.channel().send("open " + to_text(h));
-  ASSERT_EQ(peer.channel().receive(), "opened 0 " + std::to_string(kSize));
+  ASSERT_TRUE(open_in(peer, a, kSize));
 
   ASSERT_EQ(tagmem_free(a, nullptr), TAGMEM_SUCCESS) << tagmem_last_error();
   EXPECT_EQ(tagmem_free(a, nullptr), TAGMEM_ERROR_UNKNOWN_POINTER) << "a second free passed";
@@ -162,6 +173,56 @@ TEST_F(IpcPair, MemoryFreedWhileOpenIsNotReusedUntilClosed) {
   peer.channel().send("exit");
   EXPECT_EQ(peer.wait(), 0);
   ASSERT_EQ(tagmem_free(b, nullptr), TAGMEM_SUCCESS);
+}
+
+// A hold has no time limit, so the log says who keeps a freed allocation out of the pool, and for
+// how long once it is back.
+TEST_F(IpcPair, AFreeHeldByAnImportIsLoggedWithTheImportersPid) {
+  ASSERT_EQ(tagmem_shutdown(), TAGMEM_SUCCESS);
+  setenv("TAGMEM_LOG", "info", 1);
+  ASSERT_EQ(tagmem_init(nullptr), TAGMEM_SUCCESS) << tagmem_last_error();
+  std::mutex mutex;
+  std::vector<std::string> lines;
+  set_log_sink_for_testing([&](const std::string& l) {
+    std::lock_guard lock(mutex);
+    // "tagmem: <time> pid=<pid> ipc held-...\n": the event and its keys
+    const std::size_t at = l.find(" ipc held-");
+    if (at != std::string::npos) lines.push_back(l.substr(at + 1, l.size() - at - 2));
+  });
+  struct quiet_again {
+    ~quiet_again() {
+      set_log_sink_for_testing({});
+      unsetenv("TAGMEM_LOG");
+    }
+  } quiet;
+  const auto held_lines = [&] {
+    std::lock_guard lock(mutex);
+    return lines;
+  };
+  constexpr std::size_t kSize = 4 * MiB;
+  void* a = alloc(kSize, seed_);
+  peer_process peer("ipc_importer", "p");
+  ASSERT_TRUE(open_in(peer, a, kSize));
+  ASSERT_EQ(tagmem_free(a, nullptr), TAGMEM_SUCCESS) << tagmem_last_error();
+
+  const std::string address = format_address(reinterpret_cast<std::uintptr_t>(a));
+  ASSERT_EQ(held_lines().size(), 1u);
+  EXPECT_EQ(held_lines()[0], "ipc held-after-free tag=w ptr=" + address + " bytes=" +
+                                 std::to_string(kSize) + " by_pids=" + std::to_string(peer.pid()));
+  peer.channel().send("close 0");
+  ASSERT_EQ(peer.channel().receive(), "closed");
+  ASSERT_TRUE(importers_become(0));
+  for (int i = 0; i < 1000 && held_lines().size() < 2; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  ASSERT_EQ(held_lines().size(), 2u);
+  const std::string returned =
+      "ipc held-returned ptr=" + address + " bytes=" + std::to_string(kSize) + " held_ms=";
+  EXPECT_EQ(held_lines()[1].rfind(returned, 0), 0u) << held_lines()[1];
+  EXPECT_GT(std::stod(held_lines()[1].substr(returned.size())), 0.0) << held_lines()[1];
+  EXPECT_EQ(ipc_stats().held_allocations, 0u);
+  peer.channel().send("exit");
+  EXPECT_EQ(peer.wait(), 0);
 }
 
 TEST_F(IpcPair, OpenWhileOffloadedIsRefusedAndWorksAfterReload) {
