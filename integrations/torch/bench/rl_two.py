@@ -4,7 +4,8 @@ The C benchmark's rl_two_process scenario through the torch_memory_saver API and
 the trainer holds weights and optimizer state (backed up), the engine its own weights (backed up)
 and a kv cache (discarded). A cycle is engine pause, trainer resume, trainer pause, engine resume;
 a switch runs from the start of the outgoing pause to the end of the incoming resume (one
-monotonic clock for both processes). Methods, each pair of processes fresh:
+monotonic clock for both processes). The engine's resume also times its kv cache alone, after its
+weights are back (what a rollout engine waits for before it can take requests). Methods, each pair of processes fresh:
 
 - ``tagmem``: tagmem's torch_memory_saver drop-in, memory back with the driver between the sides;
 - ``tagmem_handoff``: the same with TAGMEM_HANDOFF=on and one TAGMEM_JOB for both processes;
@@ -107,9 +108,18 @@ def child(args):
         for tag in discarded + backed:  # the kv cache first: nothing to copy, its memory at once
             saver.pause(tag)
 
+    kv_ns = [0]  # the last resume's kv cache alone (the engine's), reported after its switch
+
     def resume():
-        for tag in backed + discarded:  # the weights first: their copies start at once
+        for tag in backed:  # the weights first: their copies start at once
             saver.resume(tag)
+        if discarded:
+            torch.cuda.synchronize()
+            t0 = time.monotonic_ns()
+            for tag in discarded:
+                saver.resume(tag)
+            torch.cuda.synchronize()
+            kv_ns[0] = time.monotonic_ns() - t0
 
     if args.role == "trainer":  # the link, and the bytes the trainer backs up
         rates = link_rates(torch, int(args.link_gib * (1 << 30)))
@@ -123,7 +133,7 @@ def child(args):
             if cmd == "pause":
                 answer(timed(pause))
             elif cmd == "resume":
-                answer(timed(resume))
+                answer(timed(resume) + f" {kv_ns[0]}")
             elif cmd == "verify":
                 after = fingerprint(torch, tensors)
                 same = all(a[0] == b[0] and torch.equal(a[1], b[1]) and torch.equal(a[2], b[2])
@@ -200,7 +210,7 @@ def run_method(args, method):
     h2d, d2h, both, trainer_bytes = (float(x) for x in trainer.ready)
     trainer.ask("pause")  # so that the engine fits
     engine = Side("engine", a, env)
-    to_trainer, to_engine = [], []
+    to_trainer, to_engine, kv_resume = [], [], []
 
     def switch(out, inn):
         if at_once:
@@ -209,6 +219,8 @@ def run_method(args, method):
             p, r = out.read("pause"), inn.read("resume")
         else:
             p, r = out.ask("pause"), inn.ask("resume")
+        if inn is engine:
+            kv_resume.append(int(r[2]) / 1e9)
         return (int(r[1]) - min(int(p[0]), int(r[0]))) / 1e9
 
     try:
@@ -225,7 +237,8 @@ def run_method(args, method):
     finally:
         rc = (engine.close(), trainer.close())
     return {"method": method, "to_trainer": to_trainer, "to_engine": to_engine,
-            "link": (h2d, d2h, both), "trainer_bytes": trainer_bytes, "exit": rc}
+            "kv_resume": kv_resume, "link": (h2d, d2h, both), "trainer_bytes": trainer_bytes,
+            "exit": rc}
 
 
 def limits(trainer_bytes, link):
@@ -254,13 +267,13 @@ def main(argv=None):
     rows, failed = [], False
     for m in methods:
         if m == "tms_retain" and importlib.util.find_spec("torch_memory_saver") is None:
-            rows.append(f"| {m} | skipped: torch_memory_saver is not importable | | |")
+            rows.append(f"| {m} | skipped: torch_memory_saver is not importable | | | |")
             continue
         try:
             r = run_method(args, m)
         except Exception as e:
             print(f"[{m}] ERROR: {e}", flush=True)
-            rows.append(f"| {m} | ERROR: {e} | | |")
+            rows.append(f"| {m} | ERROR: {e} | | | |")
             failed = failed or m.startswith("tagmem")
             continue
         lt, le = limits(r["trainer_bytes"], r["link"])
@@ -269,12 +282,14 @@ def main(argv=None):
             steady = statistics.median(sw[1:] or sw)
             cells.append(f"{sw[0] * 1e3:.1f} / {steady * 1e3:.1f} ms ({steady / lim:.2f} x limit "
                          f"{lim * 1e3:.0f} ms)")
+        kv = r["kv_resume"]
+        cells.append(f"{kv[0] * 1e3:.2f} / {statistics.median(kv[1:] or kv) * 1e3:.2f} ms")
         h2d, d2h, both = r["link"]
-        rows.append(f"| {m} | {cells[0]} | {cells[1]} | {h2d:.1f} / {d2h:.1f} / {both:.1f} |")
+        rows.append(f"| {m} | {' | '.join(cells)} | {h2d:.1f} / {d2h:.1f} / {both:.1f} |")
     print()
     print("| method | switch to trainer c1 / steady | switch to engine c1 / steady "
-          "| link H2D / D2H / both GB/s |")
-    print("|---|---|---|---|")
+          "| engine kv resume c1 / steady | link H2D / D2H / both GB/s |")
+    print("|---|---|---|---|---|")
     print("\n".join(rows))
     return 1 if failed else 0
 
