@@ -15,10 +15,11 @@
 // device's primary context, as in a PyTorch process). The any-call sweep injects a generic
 // error (CUDA_ERROR_UNKNOWN) at every N; the per-entry sweeps inject CUDA_ERROR_OUT_OF_MEMORY at
 // every call of each entry point of the data path, and check the message names it
-// (TAGMEM_FAULT_SWEEP=full: every entry point, and CUDA_ERROR_INVALID_VALUE too). Under a
-// sanitizer, TAGMEM_FAULT_SWEEP_STRIDE thins each sweep's calls (sweep_stride.hpp). A few failures
-// are absorbed by design (absorbable() says which and why). Figures are printed for
-// docs/reliability.md.
+// (TAGMEM_FAULT_SWEEP=full: every entry point, and CUDA_ERROR_INVALID_VALUE too); the clock-page
+// sweep does so with the release clock's page in each state another process may leave it in
+// (clock_page_state.hpp). Under a sanitizer, TAGMEM_FAULT_SWEEP_STRIDE thins each sweep's calls
+// (sweep_stride.hpp). A few failures are absorbed by design (absorbable() says which and why).
+// Figures are printed for docs/reliability.md.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -29,6 +30,7 @@
 #include <string>
 #include <vector>
 
+#include "clock_page_state.hpp"
 #include "driver/driver.hpp"
 #include "emu_controls.hpp"
 #include "fault_cycle.hpp"
@@ -163,6 +165,8 @@ class FaultSweep : public ::testing::Test {
       }
     }
     api.cuCtxSetCurrent(thread_context);
+    // Planted anew for each run: the runs' own releases move a page's clock on.
+    if (clock_ != test::clock_page_state::none) test::use_clock_page(clock_);
 
     fault_cycle cycle(nth * 7919 + (warm ? 1 : 0));
     const std::uint64_t calls_before = emu().call_count(entry);
@@ -313,11 +317,12 @@ class FaultSweep : public ::testing::Test {
   }
 
   // The per-entry sweeps: every call of each listed entry point (every entry point the cycle
-  // uses when `entries` is empty) fails once with each of `errors`.
-  void sweep_entries(bool warm, const std::vector<std::string>& entries,
-                     const std::vector<CUresult>& errors) {
+  // uses when `entries` is empty) fails once with each of `errors`. Returns the clean run's report.
+  run_report sweep_entries(bool warm, const std::vector<std::string>& entries,
+                           const std::vector<CUresult>& errors) {
     const run_report clean = run(warm, nullptr, 0, CUDA_SUCCESS);
-    ASSERT_EQ(clean.problem, "") << "the clean cycle itself failed";
+    EXPECT_EQ(clean.problem, "") << "the clean cycle itself failed";
+    if (!clean.problem.empty()) return clean;
     miss_count all;
     const std::uint64_t stride = sweep_stride("TAGMEM_FAULT_SWEEP_STRIDE");
     for (std::size_t e = 0; e < kEntryCount; ++e) {
@@ -358,9 +363,13 @@ class FaultSweep : public ::testing::Test {
     }
     EXPECT_GE(all.fired * 2, all.attempts)
         << "fewer than half of " << all.attempts << " faults fired";
+    return clean;
   }
 
+  void TearDown() override { test::use_clock_page(test::clock_page_state::none); }
+
   tagmem_config cfg_{};
+  test::clock_page_state clock_ = test::clock_page_state::none;  // planted before each run
   std::map<bool, emu_census> reference_;
 };
 
@@ -393,6 +402,39 @@ TEST_F(FaultSweep, NamedEntryPointsFailCleanlyAtEveryCallCold) {
 TEST_F(FaultSweep, NamedEntryPointsFailCleanlyAtEveryCallWarm) {
   if (!sweep_level_at_least("standard")) GTEST_SKIP() << "TAGMEM_FAULT_SWEEP=quick";
   sweep_entries(true, kNamedEntries, {CUDA_ERROR_OUT_OF_MEMORY});
+}
+
+// The release clock's page in each state another process may leave it in (Note [clock page]).
+// Holding a hostile value, it sends each reload's host-to-device copies to the copy kernel too
+// (with pieces small enough that the copy engines' lanes fill up), so the kernel's launches fail
+// at each call as well. Fresh or truncated, it is read and written by the releases and reloads
+// that fail. Whatever the state, nothing is lost.
+TEST_F(FaultSweep, TheDataPathFailsCleanlyWithEachStateOfTheClockPage) {
+  if (!sweep_level_at_least("standard")) GTEST_SKIP() << "TAGMEM_FAULT_SWEEP=quick";
+  const std::size_t launch =
+      std::find_if(kEntryNames, kEntryNames + kEntryCount,
+                   [](const char* e) { return std::strcmp(e, "cuLaunchKernel") == 0; }) -
+      kEntryNames;
+  ASSERT_LT(launch, kEntryCount);
+  using test::clock_page_state;
+  for (const auto state :
+       {clock_page_state::hostile, clock_page_state::fresh, clock_page_state::truncated}) {
+    SCOPED_TRACE("clock page state " + std::to_string(static_cast<int>(state)));
+    clock_ = state;
+    reference_.clear();
+    const bool hostile = state == clock_page_state::hostile;
+    cfg_.copy_piece_bytes = hostile ? 1u << 20 : 4u << 20;
+    const run_report clean = sweep_entries(
+        true,
+        hostile ? std::vector<std::string>{"cuLaunchKernel", "cuMemcpyHtoDAsync", "cuMemRelease"}
+                : std::vector<std::string>{"cuMemRelease", "cuMemcpyHtoDAsync"},
+        {CUDA_ERROR_OUT_OF_MEMORY});
+    if (hostile) {
+      EXPECT_GT(clean.calls[launch], 0u) << "a hostile page did not send copies to the kernel";
+    } else {
+      EXPECT_EQ(clean.calls[launch], 0u) << "the kernel ran without a release that counts";
+    }
+  }
 }
 
 // Every entry point the cycle calls, both errors, both modes: about four times the work of the

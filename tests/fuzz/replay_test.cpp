@@ -45,7 +45,9 @@ void replay(const char* dir, std::size_t at_least) {
     program_result r = run_program(bytes.data(), bytes.size());
     EXPECT_TRUE(r.ok) << f.filename() << ":\n" << r.failure;
   }
-  if (!files.empty()) EXPECT_GT(process_totals().operations, ops_before);
+  if (!files.empty()) {
+    EXPECT_GT(process_totals().operations, ops_before);
+  }
 }
 
 TEST(FuzzReplay, SeedCorpusRunsClean) {

@@ -19,8 +19,6 @@
 #include "state_machine.hpp"
 
 #include <cuda.h>
-#include <fcntl.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cstdlib>
@@ -28,7 +26,7 @@
 #include <sstream>
 
 #include "c_calls.h"
-#include "device/release_clock.hpp"
+#include "clock_page_state.hpp"
 #include "driver/driver.hpp"
 #include "emu_controls.hpp"
 #include "model.hpp"
@@ -926,32 +924,6 @@ void runner::finish() {
   }
 }
 
-// The release clock's page (Note [clock page]) in one of the states another process may leave
-// it in: 0 none (the process keeps its own clock), 1 fresh, 2 holding a hostile value
-// (INT64_MAX: the far future), 3 truncated to nothing while in use. Whichever, every byte must
-// come back; only which engine copies may change.
-void use_clock_page(int state) {
-  static const std::string path =
-      "/dev/shm/tagmem-fuzz-clock-" + std::to_string(::getpid());  // this process's alone
-  release_clock::reset();
-  ::unlink(path.c_str());
-  if (state == 0 || !release_clock::share_through(path)) {
-    release_clock::share_through("");
-    return;
-  }
-  if (state == 2) {
-    const std::int64_t far = INT64_MAX;
-    const int fd = ::open(path.c_str(), O_WRONLY | O_CLOEXEC);
-    if (fd >= 0) {
-      (void)!::pwrite(fd, &far, sizeof far, 0);
-      ::close(fd);
-    }
-  } else if (state == 3) {
-    (void)!::truncate(path.c_str(), 0);
-  }
-  ::unlink(path.c_str());  // the open page goes on working; nothing is left in /dev/shm
-}
-
 program_result runner::run() {
   const auto& emu = reliability::emu();
   const std::uint8_t config = in_.byte();
@@ -962,7 +934,7 @@ program_result runner::run() {
   cfg_.arena_bytes = arena[(config >> 1) & 3];
   cfg_.copy_piece_bytes = (config & 8) ? (1u << 20) : 0;
   cfg_.max_mapping_bytes = max_mapping[(config >> 4) & 3];
-  use_clock_page(config >> 6);
+  test::use_clock_page(static_cast<test::clock_page_state>(config >> 6));
   ++g_totals.clock_page_states[config >> 6];
   for (int d = 0; d < kDevices; ++d) {
     m_.device_bytes[d] = (24u + (in_.byte() % 5) * 8u) << 20;
