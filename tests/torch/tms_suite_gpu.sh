@@ -18,6 +18,9 @@
 # in both hook modes itself ("preload" under configure_subprocess(), "torch"). Prints both tallies
 # (passed, failed, skipped) and each test's outcome side by side, then the call-shape tests.
 # Exits 1 when the drop-in's tally differs from the native one or a call-shape test fails.
+# TMS_SUITE_K=<pytest -k expression> narrows both runs to the matching tests and skips the call
+# shapes (a focused rerun, e.g. TMS_SUITE_K="test_cpu_backup and torch"); the rest of the
+# environment reaches both runs (TAGMEM_* settings affect the drop-in's only).
 set -uo pipefail
 export LC_ALL=C  # sort and join agree on the order
 
@@ -69,6 +72,7 @@ TAGMEM_ENV=(
 )
 
 SUITE=(test_examples.py test_configure_subprocess.py)
+[[ -n ${TMS_SUITE_K:-} ]] && SUITE+=(-k "$TMS_SUITE_K")
 run_suite() {  # run_suite <name> <env assignments...>
   local name=$1; shift
   echo "== $name: pytest ${SUITE[*]} (log: $OUT/$name.log)"
@@ -109,6 +113,11 @@ for word in passed failed skipped; do
 done
 
 # ---- the engines' call shapes -------------------------------------------------------------------
+if [[ -n ${TMS_SUITE_K:-} ]]; then
+  echo
+  echo "logs: $OUT (call shapes skipped: TMS_SUITE_K is set)"
+  exit $STATUS
+fi
 echo
 echo "== call shapes: pytest tests/torch/test_gpu_engine_shapes.py (log: $OUT/shapes.log)"
 (cd "$REPO" && env TAGMEM_LIBRARY="$LIBTAGMEM" TAGMEM_TORCH_LIBRARY="$LIBTORCH_ALLOC" \
