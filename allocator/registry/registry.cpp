@@ -500,11 +500,16 @@ void registry::plan_offload(const char* name, int ordinal, tagmem_offload_mode m
                  TAGMEM_ERROR_INVALID_ARGUMENT,
                  "offload mode must be TAGMEM_BACKUP, TAGMEM_DISCARD or TAGMEM_BACKUP_DISK");
   tag& t = get_or_create(ordinal, name);
+  bool newly_planned = false;
   {
     std::lock_guard lock(t.mutex());
+    newly_planned = mode == TAGMEM_BACKUP && !t.pins_ahead();
     t.set_pins_ahead(mode == TAGMEM_BACKUP);
   }
-  if (mode == TAGMEM_BACKUP && pinner_) pinner_->wake();  // what it holds already
+  // What it holds already. A repeated plan changes nothing: callers repeat theirs at every region
+  // (the torch_memory_saver drop-in does), and a wake there would pin again at once what a trim
+  // or a freed backup had just given back; growth wakes the pinner as before.
+  if (newly_planned && pinner_) pinner_->wake();
 }
 
 void registry::wait_released(int ordinal) {

@@ -300,8 +300,10 @@ TAGMEM_API tagmem_status tagmem_wait_released(int device);
  * the latest call wins). With TAGMEM_BACKUP, while the tag grows a background thread pins host
  * memory for it in the pinned host store (TAGMEM_PIN_AHEAD=on, the default), never beyond the
  * host budget, so that its first offload copies at once instead of pinning first; with
- * TAGMEM_DISCARD nothing is pinned for it. Tags without a plan are not pinned ahead. The plan
- * does not restrict how the tag may actually be offloaded.
+ * TAGMEM_DISCARD nothing is pinned for it. Tags without a plan are not pinned ahead. A plan
+ * repeated with the same mode changes nothing (host memory given back since, by tagmem_host_trim
+ * or a freed backup, is pinned again only as the tag grows). The plan does not restrict how the
+ * tag may actually be offloaded.
  * Errors: INVALID_ARGUMENT (bad name, device or mode). Thread-safe. */
 TAGMEM_API tagmem_status tagmem_tag_plan_offload(const char* tag, int device,
                                                  tagmem_offload_mode mode);

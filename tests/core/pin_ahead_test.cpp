@@ -70,6 +70,28 @@ TEST_F(PinAhead, GrowthNextToABackupIsPinnedToo) {
   free_all(optim);
 }
 
+// A plan repeated with the same mode changes nothing (the torch_memory_saver drop-in repeats its
+// plan at every region): what a trim gave back stays unpinned until the tag grows again.
+TEST_F(PinAhead, ARepeatedPlanDoesNotPinAgainWhatATrimGaveBack) {
+  auto rng = rng_for_test();
+  auto weights = planned_weights(rng);
+  ASSERT_GE(stats().host_pinned_bytes, 128 * MiB);
+  TAGMEM_OK(tagmem_host_trim(0));
+  ASSERT_EQ(stats().host_pinned_bytes, 0u);
+  TAGMEM_OK(tagmem_tag_plan_offload("weights", 0, TAGMEM_BACKUP));
+  wait_for_background_pinning();
+  EXPECT_EQ(stats().host_pinned_bytes, 0u) << "the repeated plan pinned the trimmed memory again";
+  auto more = fill(rng, "weights", 1, 32 * MiB);  // growth pins ahead again
+  wait_for_background_pinning();
+  EXPECT_GE(stats().host_pinned_bytes, 160 * MiB);
+  TAGMEM_OK(tagmem_offload(w, 1, 0, TAGMEM_BACKUP));
+  TAGMEM_OK(tagmem_reload(w, 1, 0));
+  EXPECT_EQ(corrupted(weights), 0u);
+  EXPECT_EQ(corrupted(more), 0u);
+  free_all(weights);
+  free_all(more);
+}
+
 TEST_F(PinAhead, DiscardPlanPinsNothing) {
   auto rng = rng_for_test();
   TAGMEM_OK(tagmem_tag_plan_offload("kv", 0, TAGMEM_DISCARD));
