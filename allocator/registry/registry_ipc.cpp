@@ -20,6 +20,11 @@ struct meeting {
   std::string job, dir;
 };
 
+// Whether `i` maps any of [ptr, ptr + size).
+bool maps(const handoff::ipc_importer& i, std::uint64_t ptr, std::size_t size) {
+  return i.ptr < ptr + size && ptr < i.ptr + i.bytes;
+}
+
 // Note [ipc without a job]: a plain `python train.py` handing tensors to its
 // torch.multiprocessing children sets no job identity, and legacy CUDA IPC needs none, so tagged
 // IPC works without one: the job is then "" and the exporter compares jobs only where both sides
@@ -125,15 +130,18 @@ bool registry::ipc_hold_if_imported(tag& t, std::uint64_t ptr, std::size_t size,
     std::lock_guard lock(ipc_mutex_);
     if (!ipc_server_) return false;
     const std::vector<handoff::ipc_importer> live = ipc_server_->importers();
-    std::vector<pid_t> pids;
-    for (const handoff::ipc_importer& i : live) {
-      if (i.ptr < ptr + size && ptr < i.ptr + i.bytes &&
-          std::find(pids.begin(), pids.end(), i.who.pid) == pids.end()) {
-        pids.push_back(i.who.pid);
+    if (std::none_of(live.begin(), live.end(), [&](const auto& i) { return maps(i, ptr, size); })) {
+      return false;
+    }
+    if (logging(log_level::info)) {
+      std::vector<pid_t> pids;
+      for (const handoff::ipc_importer& i : live) {
+        if (maps(i, ptr, size) && std::find(pids.begin(), pids.end(), i.who.pid) == pids.end()) {
+          pids.push_back(i.who.pid);
+          by += (by.empty() ? "" : ",") + std::to_string(i.who.pid);
+        }
       }
     }
-    if (pids.empty()) return false;
-    for (pid_t p : pids) by += (by.empty() ? "" : ",") + std::to_string(p);
     held_.reserve(held_.size() + 1);  // may throw: nothing changed yet
     if (!t.pool().hold(ptr, stream)) return false;
     held_.push_back({&t, ptr, size, std::chrono::steady_clock::now()});
@@ -156,10 +164,10 @@ void registry::ipc_imports_ended(const std::vector<handoff::ipc_importer>& live)
     std::lock_guard lock(ipc_mutex_);
     for (std::size_t k = held_.size(); k-- > 0;) {
       const held_free h = held_[k];
-      const bool mapped = std::any_of(live.begin(), live.end(), [&](const auto& i) {
-        return i.ptr < h.ptr + h.size && h.ptr < i.ptr + i.bytes;
-      });
-      if (mapped) continue;
+      if (std::any_of(live.begin(), live.end(),
+                      [&](const auto& i) { return maps(i, h.ptr, h.size); })) {
+        continue;
+      }
       try {
         ready.push_back(h);
       } catch (...) {  // no memory: it stays held until the next import ends
