@@ -97,7 +97,10 @@ def fingerprint(torch, tensors):
     for t in tensors:
         words = t.detach().reshape(-1).view(torch.int16)
         window = min(words.numel(), 32768)
-        out.append((int(words.sum(dtype=torch.int64)), words[:window].cpu(), words[-window:].cpu()))
+        # Summed in chunks: one int64 copy of a whole large tensor would need four times its
+        # bytes free, which a device filled by its kv cache does not have.
+        total = sum(int(c.sum(dtype=torch.int64)) for c in words.split(1 << 24))
+        out.append((total, words[:window].cpu(), words[-window:].cpu()))
     return out
 
 
