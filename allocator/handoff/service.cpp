@@ -103,8 +103,8 @@ void service::expect(std::size_t bytes) {
 
 void service::cancel() noexcept { follow(book_.cancel(inbox_.bytes())); }
 
-void service::offloaded(std::size_t bytes) noexcept {
-  follow(book_.offloaded(bytes, inbox_.bytes()));
+void service::offloaded(std::size_t bytes, std::size_t largest_span) noexcept {
+  follow(book_.offloaded(bytes, largest_span, inbox_.bytes()));
 }
 
 void service::attach_for_test(int fd, bool giver) {

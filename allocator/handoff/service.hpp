@@ -61,8 +61,9 @@ class service final : public peer_memory {
   // tagmem_handoff_expect / cancel. expect throws PEER when it cannot listen.
   void expect(std::size_t bytes);
   void cancel() noexcept;
-  // The bytes of this device's offloaded tags, after each offload, reload and swap.
-  void offloaded(std::size_t bytes) noexcept;
+  // The bytes of this device's offloaded tags and their largest span of mappings side by side,
+  // after each offload, reload and swap.
+  void offloaded(std::size_t bytes, std::size_t largest_span) noexcept;
   // Whether a taker's socket of this process exists now.
   bool listening() const noexcept;
   const counters& stats() const noexcept { return stats_; }

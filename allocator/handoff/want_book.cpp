@@ -58,9 +58,10 @@ bool want_book::cancel(std::uint64_t held) {
   return retarget_locked(held);
 }
 
-bool want_book::offloaded(std::uint64_t bytes, std::uint64_t held) {
+bool want_book::offloaded(std::uint64_t bytes, std::uint64_t largest_span, std::uint64_t held) {
   std::lock_guard lock(mutex_);
   offloaded_ = bytes;
+  offloaded_largest_ = bytes != 0 ? largest_span : 0;
   return retarget_locked(held);
 }
 
@@ -69,7 +70,7 @@ want_book::view want_book::now_locked() const {
   v.announcing = announcing_;
   v.state = reloading_ ? taker_state::reloading : taker_state::expecting;
   v.want = target_ > received_ ? target_ - received_ : 0;
-  v.largest = reloading_ ? reload_largest_ : default_largest_;
+  v.largest = reloading_ ? reload_largest_ : std::max(default_largest_, offloaded_largest_);
   v.announced_ns = announced_ns_;
   return v;
 }

@@ -4,7 +4,11 @@
 // A process takes memory (announces itself) while it reloads, after tagmem_handoff_expect until
 // tagmem_handoff_cancel, and with TAGMEM_HANDOFF_ANNOUNCE=after_offload while it has offloaded
 // tags. It wants the bytes of the reload, else the larger of the expected and the offloaded
-// bytes, less what it received since that target was set (what it held then included).
+// bytes, less what it received since that target was set (what it held then included). The
+// largest handle it takes is the reload's largest span of runs side by side; before a reload, the
+// larger of the mapping limit and the offloaded tags' largest span of mappings side by side (what
+// that reload will announce), so that a peer's large handles given up before this process
+// reloads (an engine's kv cache at its pause) are taken rather than sent to the driver.
 #pragma once
 
 #include <cstdint>
@@ -31,7 +35,8 @@ class want_book {
   bool reload_done(std::uint64_t held);
   bool expect(std::uint64_t bytes, std::uint64_t held);
   bool cancel(std::uint64_t held);
-  bool offloaded(std::uint64_t bytes, std::uint64_t held);
+  // `largest_span`: the offloaded tags' largest span of non-resident mappings side by side.
+  bool offloaded(std::uint64_t bytes, std::uint64_t largest_span, std::uint64_t held);
 
   view now() const;
   // Counts `bytes` received when they are wanted and not larger than useful; false otherwise.
@@ -50,6 +55,7 @@ class want_book {
   bool expecting_ = false;
   std::uint64_t expect_bytes_ = 0;
   std::uint64_t offloaded_ = 0;
+  std::uint64_t offloaded_largest_ = 0;
   std::uint64_t target_ = 0, received_ = 0;
   bool announcing_ = false;
   std::uint64_t announced_ns_ = 0;

@@ -123,13 +123,24 @@ void registry::attach_handoff_for_test(int ordinal, int fd, bool giver) {
 void registry::note_offloaded(int ordinal) noexcept {
   handoff::service* h = slot(ordinal).handoff.get();
   if (!h) return;
-  std::size_t bytes = 0;
+  std::size_t bytes = 0, largest = 0;
   for (tag* t : tags(ordinal)) {
     std::lock_guard lock(t->mutex());
     if (!t->offloaded()) continue;
-    for (const auto& [va, m] : t->arena().mappings()) bytes += m.resident ? 0 : m.size;
+    CUdeviceptr end = 0;  // of the span of non-resident mappings side by side so far
+    std::size_t span = 0;
+    for (const auto& [va, m] : t->arena().mappings()) {
+      if (m.resident) {
+        span = 0;
+        continue;
+      }
+      bytes += m.size;
+      span = span != 0 && va == end ? span + m.size : m.size;
+      end = va + m.size;
+      largest = std::max(largest, span);
+    }
   }
-  h->offloaded(bytes);
+  h->offloaded(bytes, largest);
 }
 
 namespace {

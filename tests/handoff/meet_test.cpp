@@ -128,6 +128,34 @@ TEST_F(HandoffMeet, ReceivedMemoryGoesBackToItsCreator) {
   EXPECT_EQ(trainer.wait(), 0);
 }
 
+// A process that has offloaded and not yet begun its reload (a trainer paused while the engine
+// pauses its kv cache first) takes handles larger than its mapping limit when its offloaded tag
+// lies side by side over them: its reload will grow a run to map each. Here both mapping limits
+// are 16 MiB and the giver's handles are 30 MiB; were they refused, they would go to the driver
+// and the reload would create its memory anew.
+TEST_F(HandoffMeet, OffloadedPeerTakesHandlesItsSpanCanMapBeforeItReloads) {
+  std::mt19937_64 rng(seed_);
+  setenv("TAGMEM_DISCARD_MAPPING_BYTES", "16MiB", 1);
+  const tagmem_status init = init_with("TAGMEM_MAX_MAPPING_BYTES", "16MiB");
+  unsetenv("TAGMEM_DISCARD_MAPPING_BYTES");
+  ASSERT_EQ(init, TAGMEM_SUCCESS) << tagmem_last_error();
+  tag_data w = fill_tag("w", 4, 16 * MiB, rng);
+  const char* w_tag = "w";
+  ASSERT_EQ(tagmem_offload(&w_tag, 1, 0, TAGMEM_BACKUP), TAGMEM_SUCCESS) << tagmem_last_error();
+  {
+    peer_process giver("discard_giver", "g");
+    giver.channel().send(std::to_string(seed_ + 1));
+    giver.channel().send("offload");
+    EXPECT_EQ(giver.channel().receive(),
+              "given " + std::to_string(2 * kPiece) + " refused 0 leaks '' fds same");
+    EXPECT_EQ(giver.wait(), 0);
+  }
+  EXPECT_EQ(handoff_stats().held_bytes, 2 * kPiece);
+  ASSERT_EQ(tagmem_reload(&w_tag, 1, 0), TAGMEM_SUCCESS) << tagmem_last_error();
+  EXPECT_EQ(corrupted(w), 0u);
+  EXPECT_EQ(handoff_stats().mapped_received_bytes, 2 * kPiece);
+}
+
 // A giver of another job lists other files: it finds no taker and its memory goes to the driver.
 TEST_F(HandoffMeet, GiverOfAnotherJobFindsNoTaker) {
   std::mt19937_64 rng(seed_);
