@@ -97,11 +97,12 @@ def child(args):
         sys.stdout.write(line + "\n")
         sys.stdout.flush()
 
-    def timed(fn):
+    def timed(fn, after=True):
         torch.cuda.synchronize()
         t0 = time.monotonic_ns()
         fn()
-        torch.cuda.synchronize()
+        if after:
+            torch.cuda.synchronize()
         return f"ok {t0} {time.monotonic_ns()}"
 
     def pause():
@@ -131,7 +132,11 @@ def child(args):
         cmd = line.strip()
         try:
             if cmd == "pause":
-                answer(timed(pause))
+                # No device-wide wait after it: an offload that returned early (TAGMEM_OFFLOAD_RETURN
+                # =queued) still copies on tagmem's streams, which torch.cuda.synchronize() waits for.
+                # Each method's pause returns with its own work done (a queued one, with its copies
+                # queued), as the C bench's does.
+                answer(timed(pause, after=False))
             elif cmd == "resume":
                 answer(timed(resume) + f" {kv_ns[0]}")
             elif cmd == "verify":
