@@ -113,8 +113,9 @@ class registry {
     meta_map<meta_string, tag*, std::less<>> tags;  // looked up by const char*, no copy
   };
   device_slot& slot(int ordinal);
-  // Tells the device's handoff how many bytes its tags have offloaded now (after each offload,
-  // reload and swap: a process with offloaded tags takes memory, Note [handoff]).
+  // Tells the device's handoff how many bytes its tags have offloaded now, and the longest span of
+  // a tag's offloaded mappings side by side (the largest handle its reload can map), after each
+  // offload, reload and swap: a process with offloaded tags takes memory, Note [handoff].
   void note_offloaded(int ordinal) noexcept;
   // What the background pinner pins toward: the mapped bytes of resident planned-BACKUP tags.
   std::size_t planned_backup_bytes();
