@@ -156,6 +156,40 @@ TEST_F(HandoffMeet, OffloadedPeerTakesHandlesItsSpanCanMapBeforeItReloads) {
   EXPECT_EQ(handoff_stats().mapped_received_bytes, 2 * kPiece);
 }
 
+// The whole switch with handles larger than the paused trainer's mapping limits (8 MiB; the
+// engine's kv cache in 12 MiB mappings, as an engine's 1,920 MiB against the default 1 GiB): the
+// trainer takes them at the engine's pause, maps them, and hands them back at its own, so that
+// the engine's reload maps its kv cache's own handles, one per run, and creates nothing.
+TEST_F(HandoffMeet, LargeKvHandlesComeBackWholeThroughATrainerWithSmallerRuns) {
+  setenv("TAGMEM_MAX_MAPPING_BYTES", "8MiB", 1);
+  setenv("TAGMEM_DISCARD_MAPPING_BYTES", "8MiB", 1);
+  peer_process trainer("overlap_trainer", "t");  // reads the limits at its tagmem_init
+  trainer.channel().send(std::to_string(seed_ + 1) + " 2 12 1");  // two 12 MiB mappings, paused
+  const std::string ready = trainer.channel().receive();
+  unsetenv("TAGMEM_MAX_MAPPING_BYTES");
+  unsetenv("TAGMEM_DISCARD_MAPPING_BYTES");
+  ASSERT_EQ(ready, "ready");
+  ASSERT_EQ(tagmem_init(nullptr), TAGMEM_SUCCESS) << tagmem_last_error();
+  std::mt19937_64 rng(seed_);
+  tag_data kv = fill_tag("kv", 2, 12 * MiB, rng);
+  const char* kv_tag = "kv";
+  ASSERT_EQ(tagmem_offload(&kv_tag, 1, 0, TAGMEM_DISCARD), TAGMEM_SUCCESS) << tagmem_last_error();
+  ASSERT_EQ(handoff_stats().given_bytes, 24 * MiB);  // none to the driver
+  trainer.channel().send("resume");
+  ASSERT_EQ(trainer.channel().receive(), "intact");
+  trainer.channel().send("pause");
+  EXPECT_EQ(trainer.channel().receive(), "paused given " + std::to_string(24 * MiB));
+  EXPECT_EQ(handoff_stats().held_bytes, 24 * MiB);
+  const std::uint64_t creates = emu_calls("cuMemCreate");
+  const std::uint64_t maps = emu_calls("cuMemMap");
+  ASSERT_EQ(tagmem_reload(&kv_tag, 1, 0), TAGMEM_SUCCESS) << tagmem_last_error();
+  EXPECT_EQ(emu_calls("cuMemCreate"), creates);
+  EXPECT_EQ(emu_calls("cuMemMap") - maps, 2u);  // its two handles, whole
+  EXPECT_EQ(handoff_stats().mapped_received_bytes, 24 * MiB);
+  trainer.channel().send("exit");
+  EXPECT_EQ(trainer.wait(), 0);
+}
+
 // A giver of another job lists other files: it finds no taker and its memory goes to the driver.
 TEST_F(HandoffMeet, GiverOfAnotherJobFindsNoTaker) {
   std::mt19937_64 rng(seed_);
