@@ -11,6 +11,8 @@
 // nothing.
 #include "device/vm_arena.hpp"
 
+#include <algorithm>
+
 #include "base/byte_math.hpp"
 #include "device/address_index.hpp"
 #include "device/received_fds.hpp"
@@ -182,6 +184,23 @@ void vm_arena::forget(CUdeviceptr va) {
     mapped_bytes_ -= it->second.size;
   }
   mappings_.erase(it);
+}
+
+vm_arena::offloaded_extent vm_arena::offloaded() const noexcept {
+  offloaded_extent out;
+  CUdeviceptr end = 0;  // of the span so far
+  std::size_t span = 0;
+  for (const auto& [va, m] : mappings_) {
+    if (m.resident) {
+      span = 0;
+      continue;
+    }
+    out.bytes += m.size;
+    span = span != 0 && va == end ? span + m.size : m.size;
+    end = va + m.size;
+    out.largest_span = std::max(out.largest_span, span);
+  }
+  return out;
 }
 
 void vm_arena::adopt(CUdeviceptr va, std::size_t bytes, meta_vector<physical_part> parts) {

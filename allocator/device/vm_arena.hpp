@@ -77,6 +77,13 @@ class vm_arena {
   meta_map<CUdeviceptr, mapping>& mappings() noexcept { return mappings_; }
   const meta_map<CUdeviceptr, mapping>& mappings() const noexcept { return mappings_; }
   std::size_t mapped_bytes() const noexcept { return mapped_bytes_; }
+  // The non-resident mappings' bytes, and the longest span of them side by side in address space
+  // (the largest received handle a reload of them can map, Note [runs grow to the handles held]).
+  struct offloaded_extent {
+    std::size_t bytes = 0;
+    std::size_t largest_span = 0;
+  };
+  offloaded_extent offloaded() const noexcept;
   std::size_t virtual_bytes() const noexcept { return virtual_bytes_; }
   device& dev() noexcept { return dev_; }
   // The owner plans to offload with BACKUP: new mappings wake the background pinner (Note [pin

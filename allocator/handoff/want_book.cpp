@@ -61,7 +61,7 @@ bool want_book::cancel(std::uint64_t held) {
 bool want_book::offloaded(std::uint64_t bytes, std::uint64_t largest_span, std::uint64_t held) {
   std::lock_guard lock(mutex_);
   offloaded_ = bytes;
-  offloaded_largest_ = bytes != 0 ? largest_span : 0;
+  offloaded_largest_ = largest_span;
   return retarget_locked(held);
 }
 

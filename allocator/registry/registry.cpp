@@ -127,18 +127,9 @@ void registry::note_offloaded(int ordinal) noexcept {
   for (tag* t : tags(ordinal)) {
     std::lock_guard lock(t->mutex());
     if (!t->offloaded()) continue;
-    CUdeviceptr end = 0;  // of the span of non-resident mappings side by side so far
-    std::size_t span = 0;
-    for (const auto& [va, m] : t->arena().mappings()) {
-      if (m.resident) {
-        span = 0;
-        continue;
-      }
-      bytes += m.size;
-      span = span != 0 && va == end ? span + m.size : m.size;
-      end = va + m.size;
-      largest = std::max(largest, span);
-    }
+    const vm_arena::offloaded_extent o = t->arena().offloaded();
+    bytes += o.bytes;
+    largest = std::max(largest, o.largest_span);
   }
   h->offloaded(bytes, largest);
 }
