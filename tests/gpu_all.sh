@@ -9,10 +9,13 @@
 #   bash tests/gpu_all.sh shim     tests/preload/gpu_run.sh --one-gpu (1 GPU)
 #   bash tests/gpu_all.sh ipc      tagged-memory IPC: the C suite and tests/torch/ipc_torch_gpu.py
 #                                  in each mode (1 GPU)
+#   bash tests/gpu_all.sh handoff  two processes on one GPU: the handoff suites
+#                                  (tests/handoff/gpu_filter.txt) and the rl_two_process
+#                                  benchmark in every variant and shape (docs/handoff.md) (1 GPU)
 #   bash tests/gpu_all.sh multi    tests/preload/gpu_run.sh and FSDP2 (2 GPUs)
 set -uo pipefail
 cd "$(dirname "$0")/.."
-part=${1:?usage: gpu_all.sh core|bench|torch|shim|ipc|multi}
+part=${1:?usage: gpu_all.sh core|bench|torch|shim|ipc|handoff|multi}
 build=$PWD/.carry/build
 out=/tmp/gpu-out/$part
 mkdir -p "$out"
@@ -54,6 +57,15 @@ case $part in
       "${lib[@]}" TAGMEM_PRELOAD_TAG=torch \
       LD_PRELOAD="$build/integrations/preload/libtagmem_preload.so" \
       python3 tests/torch/ipc_torch_gpu.py shim
+    ;;
+  handoff)
+    # A job of its own in a private directory, as for ipc above.
+    step handoff 240 env TAGMEM_JOB="gpu-handoff-$$" TAGMEM_PEER_DIR="$(mktemp -d)" \
+      "$build/tests/handoff/tagmem_handoff_tests" \
+      --gtest_filter="$(grep -v '^#' tests/handoff/gpu_filter.txt)"
+    step rl_two 300 "$build/benchmarks/tagmem_bench_offload" --scenarios=raw,rl_two_process \
+      --rl-variants=default,handoff,overlap,overlap_early --rl-two-shapes=tight,roomy --cycles=3 \
+      --tsv="$out/rl_two.tsv"
     ;;
   multi)
     step preload 420 bash tests/preload/gpu_run.sh "$build" "$out/preload"
