@@ -48,7 +48,7 @@ case $part in
     lib=(TAGMEM_LIBRARY="$build/allocator/libtagmem.so.1" PYTHONPATH="$PWD/integrations/torch")
     step ipc_c 240 env TAGMEM_JOB="gpu-ipc-c-$$" TAGMEM_PEER_DIR="$(mktemp -d)" \
       "$build/tests/ipc/tagmem_ipc_tests"
-    for mode in mempool direct global bucket bandwidth cycles; do
+    for mode in mempool direct global dropin bucket bandwidth cycles; do
       step "ipc_$mode" 300 env TAGMEM_JOB="gpu-ipc-$mode-$$" TAGMEM_PEER_DIR="$(mktemp -d)" \
         "${lib[@]}" TAGMEM_TORCH_LIBRARY="$build/integrations/torch/libtagmem_torch_alloc.so" \
         python3 tests/torch/ipc_torch_gpu.py "$mode"

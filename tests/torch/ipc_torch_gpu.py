@@ -1,7 +1,7 @@
 """CUDA IPC of tagged tensors on a GPU with PyTorch: a 4 MiB tensor sent through a
 torch.multiprocessing queue to a spawned process that reads it and writes it.
 
-    python tests/torch/ipc_torch_gpu.py mempool|direct|global|shim|bucket|bandwidth|cycles
+    python tests/torch/ipc_torch_gpu.py mempool|direct|global|shim|dropin|bucket|bandwidth|cycles
 
   mempool   tagmem.torch MemPool mode (tagmem's ForkingPickler reduction)
   direct    MemPool mode, the sender calling torch.multiprocessing.reductions.reduce_tensor itself
@@ -11,6 +11,9 @@ torch.multiprocessing queue to a spawned process that reads it and writes it.
   shim      plain PyTorch under libtagmem_preload.so with TAGMEM_PRELOAD_TAG=torch (run it with
             LD_PRELOAD set): PyTorch's own reduce_tensor, whose cudaIpcGetMemHandle and
             cudaIpcOpenMemHandle the shim answers; tagmem.torch is not imported
+  dropin    tagmem's torch_memory_saver drop-in in torch hook mode: the tensor made inside
+            region(tag, enable_cpu_backup=True), pause refused while the other process maps it,
+            pause and resume after
   bucket    SGLang's call shape: a flattened bucket of several weights, ForkingPickler.dumps in
             the trainer, loads in the engine, copied into the engine's own tagged weights; both
             processes' tags offload and reload before and after
@@ -96,15 +99,35 @@ def run_queue(mode):
         tt.install()
     elif mode in ("mempool", "direct"):
         import tagmem.torch as tt
+    elif mode == "dropin":
+        from tagmem.compat.torch_memory_saver import torch_memory_saver as saver
     seed, seed2 = 1234567, 7654321
     data = seeded(seed, 4 * MiB)
     if mode == "shim":
         x = data.to("cuda").view(torch.float32)  # the shim routes PyTorch's cudaMalloc to tagmem
+    elif mode == "dropin":
+        with saver.region(tag=tag, enable_cpu_backup=True):
+            x = data.to("cuda").view(torch.float32)
     else:
         with tt.tag(tag):
             x = data.to("cuda").view(torch.float32)
-    info = tag_api().pointer_info(x.data_ptr())
-    assert info["tag"] == tag, info
+    tm = tag_api()
+    info = tm.pointer_info(x.data_ptr())
+    # The drop-in names its tagmem tag after the region's tag (a suffix per backup wish).
+    assert info["tag"] == tag or (mode == "dropin" and info["tag"].startswith(tag)), info
+
+    def pause():
+        if mode == "dropin":
+            saver.pause(tag)  # synchronizes the device itself
+        else:
+            torch.cuda.synchronize()
+            tm.offload(tag, device=0)
+
+    def resume():
+        if mode == "dropin":
+            saver.resume(tag)
+        else:
+            tm.reload(tag, device=0)
     ctx = mp.get_context("spawn")
     inbox, outbox = ctx.Queue(), ctx.Queue()
     p = ctx.Process(target=child, args=(inbox, outbox))
@@ -117,18 +140,17 @@ def run_queue(mode):
     assert kind == "read" and same, "the other process read other bytes"
     assert outbox.get(timeout=60) == ("written",)
     assert torch.equal(x.view(torch.uint8).cpu(), seeded(seed2, 4 * MiB)), "writes not seen"
-    tm = tag_api()
     assert tm.ipc_stats()["importers"] >= 1
     try:
-        torch.cuda.synchronize()
-        tm.offload(tag, device=0)
+        pause()
         raise AssertionError("offload went ahead while another process maps the tag")
     except tm.PeerError as e:
         assert f"pid {p.pid}" in str(e), str(e)
     inbox.put("drop")
     assert outbox.get(timeout=60) == ("dropped",)
     wait_importers(0)
-    offload_reload(tag)
+    pause()
+    resume()
     assert torch.equal(x.view(torch.uint8).cpu(), seeded(seed2, 4 * MiB)), "lost by offload"
     inbox.put("exit")
     p.join(60)
@@ -289,7 +311,7 @@ def run_cycles():
 
 
 if __name__ == "__main__":
-    {"mempool": run_queue, "direct": run_queue, "global": run_queue, "shim": run_queue}.get(
+    {m: run_queue for m in ("mempool", "direct", "global", "shim", "dropin")}.get(
         MODE, lambda m: None
     )(MODE)
     {"bucket": run_bucket, "bandwidth": run_bandwidth, "cycles": run_cycles}.get(
