@@ -10,7 +10,13 @@
 //     (tagmem_host_trim); then both children at once, the same way;
 //  2. replicated: both make the tag replicated (group of 2) and offload it together, then reload
 //     it together, --cycles times (at least 2; cycle 1, which also maps and registers the shared
-//     copy fresh, is reported apart from the last).
+//     copy fresh, is reported apart from the last);
+//  3. one after the other: child 0 offloads, then child 1 (each call returns before the next is
+//     sent, as a controller that asks its workers in turn; Note [offload alone] in
+//     replica/solo_offload.hpp), then both reload, --cycles times (at least 2; the last is
+//     reported). Also reported: what child 0 still maps when its offload returns (the part of
+//     the tag whose share child 1 has not written yet) and how long after child 1's offload it
+//     takes to unmap it.
 // Reported: each child's offload and reload times, the bytes each offload moved (the tag's
 // bytes_offloaded, from tagmem's statistics), host memory while offloaded (the machine's Shmem
 // and MemAvailable against before, each child's RssShmem and VmRSS), and every byte of both
@@ -105,6 +111,13 @@ int run_replica_role(env& e, int rank) {
       }
       if (cmd == "offload") return offload_now();
       if (cmd == "reload") return timed([] { check(tagmem_reload(kTag, 1, 0), "reload"); });
+      if (cmd == "mapped") return "ok 0 " + std::to_string(tag_stats(kTag[0]).mapped_bytes);
+      if (cmd == "settle") {  // until its offload's waiter has unmapped everything (10 s at most)
+        const auto t0 = clock::now();
+        while (tag_stats(kTag[0]).mapped_bytes != 0 && seconds_since(t0) < 10) usleep(200);
+        return "ok " + std::to_string(seconds_since(t0)) + " " +
+               std::to_string(tag_stats(kTag[0]).mapped_bytes);
+      }
       if (cmd == "mem") {
         return "ok 0 " + std::to_string(proc_bytes("/proc/self/status", "RssShmem")) + " " +
                std::to_string(proc_bytes("/proc/self/status", "VmRSS"));
@@ -165,6 +178,18 @@ void run_replicated(env& e, const std::vector<std::string>& child_args, int gpus
               "moved " + gib(both_plain.first.a + both_plain.second.a));
 
     for (child& x : c) ask(x.to, x.from, x.who, "replicate");
+    auto verified = [&] {  // every byte of both children
+      bool ok = true;
+      for (child& x : c) {
+        try {
+          ask(x.to, x.from, x.who, "verify");
+        } catch (const std::exception& ex) {
+          std::printf("[%s] %s\n", name, ex.what());
+          ok = false;
+        }
+      }
+      return ok;
+    };
     const int cycles = std::max(2, e.opt.cycles);
     for (int cycle = 1; cycle <= cycles; ++cycle) {
       const double shmem0 = proc_bytes("/proc/meminfo", "Shmem");
@@ -175,15 +200,7 @@ void run_replicated(env& e, const std::vector<std::string>& child_args, int gpus
       const answer m0 = ask_full(c[0].to, c[0].from, c[0].who, "mem");
       const answer m1 = ask_full(c[1].to, c[1].from, c[1].who, "mem");
       const auto rel = ask_both(c[0], "reload", c[1], "reload");
-      bool ok = true;
-      for (child& x : c) {
-        try {
-          ask(x.to, x.from, x.who, "verify");
-        } catch (const std::exception& ex) {
-          std::printf("[%s] %s\n", name, ex.what());
-          ok = false;
-        }
-      }
+      const bool ok = verified();
       e.ok = e.ok && ok;
       if (cycle != 1 && cycle != cycles) continue;
       const std::string at = cycle == 1 ? "cycle 1: " : "last cycle: ";
@@ -206,6 +223,32 @@ void run_replicated(env& e, const std::vector<std::string>& child_args, int gpus
       e.out.add(
           name, at + "reload, per process (each copies the whole tag)",
           fixed(rel.first.seconds * 1e3, 1) + " / " + fixed(rel.second.seconds * 1e3, 1) + " ms");
+      e.out.add(name, at + "every byte after reload", ok ? "verified in both" : "FAILED");
+    }
+    for (int cycle = 1; cycle <= cycles; ++cycle) {  // step 3
+      const answer first = ask_full(c[0].to, c[0].from, c[0].who, "offload");
+      const answer waiting = ask_full(c[0].to, c[0].from, c[0].who, "mapped");
+      const answer second = ask_full(c[1].to, c[1].from, c[1].who, "offload");
+      const answer settled = ask_full(c[0].to, c[0].from, c[0].who, "settle");
+      ask_both(c[0], "reload", c[1], "reload");
+      bool ok = verified();
+      if (settled.a != 0) {
+        std::printf("[%s] child 0 still maps %.0f bytes\n", name, settled.a);
+        ok = false;
+      }
+      e.ok = e.ok && ok;
+      if (cycle != cycles) continue;
+      const std::string at = "one after the other, last cycle: ";
+      e.out.add(name, at + "offload of child 0, then of child 1",
+                fixed(first.seconds * 1e3, 1) + " / " + fixed(second.seconds * 1e3, 1) + " ms",
+                fixed(first.seconds / alone.seconds, 3) + "x / " +
+                    fixed(second.seconds / alone.seconds, 3) + "x the plain offload alone");
+      e.out.add(name, at + "bytes moved by each offload", gib(first.a) + " / " + gib(second.a),
+                fixed((first.a + second.a) / mapped, 3) + " of the tag's mapped bytes in all");
+      e.out.add(name, at + "child 0 still mapped when its offload returned", gib(waiting.a),
+                "unmapped " + fixed(settled.seconds * 1e3, 1) + " ms after child 1's offload");
+      e.out.add(name, at + "host copy (tag host_bytes, each)",
+                gib(first.b) + " / " + gib(second.b));
       e.out.add(name, at + "every byte after reload", ok ? "verified in both" : "FAILED");
     }
     std::printf("[%s] %s\n", name, e.ok ? "PASS" : "FAIL");

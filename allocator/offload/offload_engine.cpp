@@ -79,6 +79,8 @@ class pipeline {
   ~pipeline();
   void run(tag* const* outs, std::size_t out_count, tag* const* ins, std::size_t in_count,
            const std::function<void()>& queued = {});
+  // Out-tags offload only the mappings `only` accepts, uncounted (discard_mappings).
+  void set_filter(const mapping_filter* only) noexcept { only_ = only; }
 
  private:
   bool out_left() const noexcept { return out_at_ < outs_.size(); }
@@ -118,7 +120,8 @@ class pipeline {
   copy_queue copies_;
   unmapped_memory out_memory_ = unmapped_memory::release;  // what the out-side's unmaps do
   physical_sink* sink_ = nullptr;  // the job's processes that take what it unmaps (Note [handoff])
-  bool announced_ = false;         // told peers of a reload
+  const mapping_filter* only_ = nullptr;
+  bool announced_ = false;  // told peers of a reload
   // Note [reload waits for peers]: the reload ran out of device memory and waits, until
   // wait_until_, for memory the job's processes give back.
   bool short_ = false;
@@ -186,6 +189,14 @@ void pipeline::start(outgoing& o) {
 }
 
 void pipeline::commit(outgoing& o) {
+  if (only_) {
+    if (o.t->arena().mapped_bytes() != 0) {
+      o.t->set_partially_offloaded(mode_);
+    } else {
+      o.t->set_offloaded(mode_);
+    }
+    return;
+  }
   o.t->set_offloaded(mode_);
   o.t->counters().offload_count++;
   o.t->counters().bytes_offloaded += mode_ == TAGMEM_BACKUP ? o.bytes : 0;
@@ -512,7 +523,7 @@ void pipeline::run(tag* const* outs, std::size_t out_count, tag* const* ins, std
         outs_.push_back({});
         outs_.back().t = outs[i];
         if (outs[i]->partial()) keep_offloaded_pieces(*outs[i]);
-        plan_outgoing(outs_.back());
+        plan_outgoing(outs_.back(), only_ ? *only_ : mapping_filter{});
       }
       plan_host_memory(outs_.data(), outs_.size(), mode_, store_, cfg_.copy_piece_bytes);
       queue_out_copies();
@@ -569,9 +580,11 @@ CUresult return_unused(device& dev, const config& cfg) noexcept {
 
 }  // namespace
 
-void move_tags(device& dev, tag* const* outs, std::size_t out_count, tagmem_offload_mode mode,
-               tag* const* ins, std::size_t in_count, host_store& store, const config& cfg,
-               const std::function<void()>& queued) {
+namespace {
+
+void run_pipeline(device& dev, tag* const* outs, std::size_t out_count, tagmem_offload_mode mode,
+                  tag* const* ins, std::size_t in_count, host_store& store, const config& cfg,
+                  const std::function<void()>& queued, const mapping_filter* only) {
   // Releases wait until this pipeline's unmaps are done (Note [background release]).
   struct hold_releases {
     release_queue& q;
@@ -581,6 +594,7 @@ void move_tags(device& dev, tag* const* outs, std::size_t out_count, tagmem_offl
   phase_report report(dev, outs, out_count, mode, ins, in_count, store);
   try {
     pipeline p(dev, mode, store, cfg);
+    p.set_filter(only);
     try {
       p.run(outs, out_count, ins, in_count, queued);
     } catch (...) {
@@ -594,6 +608,30 @@ void move_tags(device& dev, tag* const* outs, std::size_t out_count, tagmem_offl
     report.failed(e);
     throw;
   }
+}
+
+}  // namespace
+
+void discard_mappings(device& dev, tag& t, const mapping_filter& only, host_store& store,
+                      const config& cfg) {
+  bool any = false;  // nothing to unmap: no pipeline (it would synchronise the context)
+  for (const auto& [va, m] : t.arena().mappings()) any = any || (m.resident && only(va, m.size));
+  if (!any) {
+    if (t.arena().mapped_bytes() != 0) {
+      t.set_partially_offloaded(TAGMEM_DISCARD);
+    } else {
+      t.set_offloaded(TAGMEM_DISCARD);
+    }
+    return;
+  }
+  tag* self = &t;
+  run_pipeline(dev, &self, 1, TAGMEM_DISCARD, nullptr, 0, store, cfg, {}, &only);
+}
+
+void move_tags(device& dev, tag* const* outs, std::size_t out_count, tagmem_offload_mode mode,
+               tag* const* ins, std::size_t in_count, host_store& store, const config& cfg,
+               const std::function<void()>& queued) {
+  run_pipeline(dev, outs, out_count, mode, ins, in_count, store, cfg, queued, nullptr);
 }
 
 }  // namespace tagmem

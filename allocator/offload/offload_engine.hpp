@@ -9,6 +9,7 @@
 #include <functional>
 
 #include "host/host_store.hpp"
+#include "offload/transfer_plan.hpp"
 #include "tags/tag.hpp"
 
 namespace tagmem {
@@ -33,6 +34,12 @@ inline void offload_tags(device& dev, tag* const* tags, std::size_t count, tagme
                          const std::function<void()>& queued = {}) {
   move_tags(dev, tags, count, mode, nullptr, 0, store, cfg, queued);
 }
+
+// Unmaps, as a DISCARD offload of `t` would, only its resident mappings that `only` accepts; the
+// others stay resident and the tag is offloaded, partial while any remain (a tier above the
+// pipeline finishes it: Note [offload alone] in replica/solo_offload.hpp). Counts no offload.
+void discard_mappings(device& dev, tag& t, const mapping_filter& only, host_store& store,
+                      const config& cfg);
 
 inline void reload_tags(device& dev, tag* const* tags, std::size_t count, host_store& store,
                         const config& cfg) {

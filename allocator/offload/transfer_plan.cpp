@@ -8,9 +8,9 @@
 
 namespace tagmem {
 
-void plan_outgoing(outgoing& o) {
+void plan_outgoing(outgoing& o, const mapping_filter& only) {
   for (auto& [va, m] : o.t->arena().mappings()) {
-    if (!m.resident) continue;
+    if (!m.resident || (only && !only(va, m.size))) continue;
     o.maps.push_back({va, m.size, 0});
     o.bytes += m.size;
   }

@@ -18,6 +18,7 @@
 #include <cuda.h>
 
 #include <cstddef>
+#include <functional>
 
 #include "host/host_store.hpp"
 #include "tags/tag.hpp"
@@ -59,8 +60,12 @@ struct incoming {
   meta_vector<CUdeviceptr> reclaimed;  // parked mappings taken back (Note [parked mappings])
 };
 
-// Lists `o.t`'s resident mappings and their bytes (no host memory is taken yet).
-void plan_outgoing(outgoing& o);
+// Which of an out-tag's resident mappings an offload takes (all when empty).
+using mapping_filter = std::function<bool(CUdeviceptr va, std::size_t bytes)>;
+
+// Lists `o.t`'s resident mappings that `only` accepts, and their bytes (no host memory is taken
+// yet).
+void plan_outgoing(outgoing& o, const mapping_filter& only = {});
 
 // Note [kept backup until planned]: a kept backup (backup_retention.hpp) of a tag going out is
 // replaced by the offload's fresh one, and its host memory may serve that one; but until the

@@ -17,6 +17,7 @@
 #include "peers/private_dir.hpp"
 #include "replica/replica_tier.hpp"
 #include "replica/replication.hpp"
+#include "replica/solo_offload.hpp"
 #include "tags/external_tag.hpp"
 
 namespace tagmem {
@@ -51,6 +52,7 @@ registry::registry(const config& cfg) : cfg_(cfg), disk_dir_(option_text(option:
     }
   }
   if (cfg_.offload_return_queued) early_ = std::make_unique<early_offloads>();
+  share_waits_ = std::make_unique<early_offloads>();
   if (cfg_.pin_ahead) {
     pinner_ = std::make_unique<background_pinning>([this]() -> host_store& { return store(); },
                                                    [this] { return planned_backup_bytes(); });
@@ -59,6 +61,8 @@ registry::registry(const config& cfg) : cfg_(cfg), disk_dir_(option_text(option:
 
 registry::~registry() {
   early_.reset();  // waits for the offloads that returned early: they use everything below
+  share_waits_stop_ = true;
+  share_waits_.reset();
   exporter_.store(nullptr);
   ipc_server_.reset();  // it reads the tags
   imports_.clear();     // unmapped here; the exporters see their imports end
@@ -283,8 +287,10 @@ class multi_lock {
       locked_ = i + 1;
     }
   }
-  ~multi_lock() {
+  ~multi_lock() { unlock(); }
+  void unlock() noexcept {
     for (std::size_t i = 0; i < locked_; ++i) tags_[i]->mutex().unlock();
+    locked_ = 0;
   }
 
  private:
@@ -371,7 +377,36 @@ void registry::offload_replicated_tags(int ordinal, meta_vector<tag*> list) {
   std::sort(list.begin(), list.end(),
             [](tag* a, tag* b) { return std::strcmp(a->name(), b->name()) < 0; });
   const int timeout_ms = static_cast<int>(option_number(option::REPLICA_TIMEOUT_MS));
-  for (tag* t : list) offload_replicated(dev(ordinal), *t, store(ordinal), cfg_, timeout_ms);
+  device& d = dev(ordinal);
+  host_store& hs = store(ordinal);
+  meta_vector<tag*> waiting;
+  // Waiters start once the tags are unlocked, also when a later tag's offload fails.
+  auto start_waiters = [&]() noexcept {
+    lock.unlock();
+    for (tag* t : waiting) {
+      try {
+        share_waits_->start(ordinal, [this, &d, &hs, t, timeout_ms](const auto& queued) {
+          queued();
+          wait_for_shares(d, *t, hs, cfg_, timeout_ms, share_waits_stop_);
+        });
+      } catch (const std::exception& e) {  // no thread: what waits stays mapped until the reload
+        if (logging(log_level::info)) log_line(e.what());
+      }
+    }
+  };
+  try {
+    for (tag* t : list) {
+      if (!can_offload_alone(*t)) {
+        offload_replicated(d, *t, hs, cfg_, timeout_ms);
+      } else if (offload_alone(d, *t, hs, cfg_)) {  // Note [offload alone]
+        waiting.push_back(t);
+      }
+    }
+  } catch (...) {
+    start_waiters();
+    throw;
+  }
+  start_waiters();
 }
 
 void registry::reload(const char* const* names, std::size_t count, int ordinal) {

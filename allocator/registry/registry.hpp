@@ -136,6 +136,9 @@ class registry {
   std::unique_ptr<host_store> store_;
   std::unique_ptr<background_pinning> pinner_;  // null with TAGMEM_PIN_AHEAD=off
   std::unique_ptr<early_offloads> early_;       // with TAGMEM_OFFLOAD_RETURN=queued
+  // Replicas that offloaded alone and wait for the others' shares (Note [offload alone]).
+  std::unique_ptr<early_offloads> share_waits_;
+  std::atomic<bool> share_waits_stop_{false};
   // Throws PEER, naming the process, when a live import maps memory of one of `tags`, or
   // naming the hold when NCCL holds some (Note [nccl holds]).
   void refuse_if_imported(const meta_vector<tag*>& tags, const char* operation);

@@ -72,6 +72,14 @@ replica_layout decode_layout(const std::string& payload) {
   return l;
 }
 
+std::uint64_t layout_hash(const replica_layout& l) {
+  replica_layout compared = l;
+  compared.seed = compared.spare = 0;
+  compared.generation = 0;
+  const std::string text = encode_layout(compared);
+  return checksum64(text.data(), text.size());
+}
+
 std::uint64_t sampled_checksum(device& dev, tag& t, std::uint64_t seed) {
   const std::size_t bytes = run_bytes(t);
   if (bytes == 0) return 0;

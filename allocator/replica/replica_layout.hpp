@@ -42,6 +42,9 @@ replica_layout layout_of(tag& t, std::uint64_t seed);
 std::string encode_layout(const replica_layout& l);
 replica_layout decode_layout(const std::string& payload);  // throws PEER
 
+// A hash of what same_as() compares (Note [offload alone] in solo_offload.hpp).
+std::uint64_t layout_hash(const replica_layout& l);
+
 // The checksum of the tag's sampled windows (the context synchronised). Throws DRIVER.
 std::uint64_t sampled_checksum(device& dev, tag& t, std::uint64_t seed);
 

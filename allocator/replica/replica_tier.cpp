@@ -20,26 +20,10 @@
 #include "replica/replica_layout.hpp"
 #include "replica/replication.hpp"
 #include "replica/share_copy.hpp"
+#include "replica/solo_offload.hpp"
 
 namespace tagmem {
 namespace {
-
-// The start of share k of n over `bytes`: multiples of 64 KiB, the last share takes the rest.
-std::size_t share_begin(std::size_t bytes, int k, int n) {
-  if (k >= n) return bytes;
-  const std::size_t step =
-      bytes / static_cast<std::size_t>(n) / (std::size_t{64} << 10) * (std::size_t{64} << 10);
-  return step * static_cast<std::size_t>(k);
-}
-
-std::size_t copy_share(device& dev, tag& t, shared_buffer& b, int k, std::uint32_t generation,
-                       std::size_t piece_bytes) {
-  const std::size_t lo = share_begin(b.bytes(), k, b.shares());
-  const std::size_t hi = share_begin(b.bytes(), k + 1, b.shares());
-  copy_to_host(dev, t, lo, hi, b.data() + lo, piece_bytes);
-  b.mark_written(k, generation);
-  return hi - lo;
-}
 
 // The replicas' session, or none for a group of one.
 class replicas {
@@ -216,7 +200,9 @@ void offload_replicated(device& dev, tag& t, host_store& store, const config& cf
     std::exception_ptr own;  // step 3: this replica's share
     try {
       moved += copy_share(dev, t, *copy, s.rank, generation, cfg.copy_piece_bytes);
+      note_group_offload(dev, t, *copy, s.rank, generation);  // Note [offload alone]
     } catch (...) {
+      copy->set_needs(s.rank, 0);
       own = std::current_exception();
     }
     copied = clock::now();
@@ -247,6 +233,8 @@ void offload_replicated(device& dev, tag& t, host_store& store, const config& cf
       rep.copy = std::move(copy);
       rep.generation = generation;
       t.set_offload_mode(TAGMEM_BACKUP);
+    } else {
+      copy->set_needs(s.rank, 0);
     }
     throw;
   }
@@ -260,12 +248,18 @@ void reload_replicated(device& dev, tag& t, host_store& store, const config& cfg
   replication& rep = *replication_of(t);
   tag* self = &t;
   shared_buffer& b = *rep.copy;
+  // A share not written is still in the mappings it lies in (Note [offload alone]), or lost to
+  // this replica for now.
   for (int k = 0; k < b.shares(); ++k) {
-    TAGMEM_EXPECTS(b.written(k, rep.generation), TAGMEM_ERROR_PEER,
-                   "the shared host copy of " + who(t, rep.spec) + " lacks the share of rank " +
-                       std::to_string(k) + " (pid " + std::to_string(b.pid_of(k)) +
-                       "), which never wrote it; the tag stays offloaded");
+    TAGMEM_EXPECTS(
+        b.written(k, rep.generation) || run_resident(t, share_begin(b.bytes(), k, b.shares()),
+                                                     share_begin(b.bytes(), k + 1, b.shares())),
+        TAGMEM_ERROR_PEER,
+        "the shared host copy of " + who(t, rep.spec) + " lacks the share of rank " +
+            std::to_string(k) + " (pid " + std::to_string(b.pid_of(k)) +
+            "), which never wrote it; the tag stays offloaded");
   }
+  const bool waited = t.partial();  // mappings that waited for shares keep their bytes
   t.set_offload_mode(TAGMEM_DISCARD);
   try {
     reload_tags(dev, &self, 1, store, cfg);
@@ -273,20 +267,32 @@ void reload_replicated(device& dev, tag& t, host_store& store, const config& cfg
     if (t.offloaded()) t.set_offload_mode(TAGMEM_BACKUP);
     throw;
   }
+  std::size_t copied = 0;
   try {
-    copy_to_device(dev, t, b.data(), cfg.copy_piece_bytes);
+    for (int k = 0; k < b.shares(); ++k) {
+      if (!b.written(k, rep.generation)) continue;
+      const std::size_t lo = share_begin(b.bytes(), k, b.shares());
+      const std::size_t hi = share_begin(b.bytes(), k + 1, b.shares());
+      copy_to_device(dev, t, lo, hi, b.data() + lo, cfg.copy_piece_bytes);
+      copied += hi - lo;
+    }
   } catch (...) {
-    // The bytes are not all back: unmap again and keep the shared copy (retryable).
+    // The bytes are not all back: unmap again what the copy holds and keep it (retryable).
     try {
-      offload_tags(dev, &self, 1, TAGMEM_DISCARD, store, cfg);
-      t.counters().offload_count--;  // neither the reload nor this offload happened
+      if (waited) {
+        discard_mappings(dev, t, written_only(t, b, rep.generation), store, cfg);
+      } else {
+        offload_tags(dev, &self, 1, TAGMEM_DISCARD, store, cfg);
+        t.counters().offload_count--;  // neither the reload nor this offload happened
+      }
       t.counters().reload_count--;
     } catch (...) {  // left partial (or resident) by the pipeline: the copy stays with it
     }
     if (t.offloaded()) t.set_offload_mode(TAGMEM_BACKUP);
     throw;
   }
-  t.counters().bytes_reloaded += b.bytes();
+  t.counters().bytes_reloaded += copied;
+  b.set_needs(rep.spec.rank, 0);
   rep.spare = std::move(rep.copy);  // Note [shared copy reuse]
 }
 

@@ -24,10 +24,13 @@
 // more than the copy's last, so a share written by an earlier offload never passes for this one's.
 // The copy goes at tagmem_host_trim, when the tag's replication is cleared or the tag goes, and
 // when the replicas do not all hold it (a replica restarted).
-// A replica that never comes makes the others' step 1 fail with TIMEOUT naming it, their tags
-// resident, and a retry starts over. Reload needs no other replica: each copies the whole shared
-// copy to its own device, after checking that every share is marked written (a share that is
-// not is an error naming its rank, the tag left offloaded with the copy, retryable).
+// Once every replica kept the copy, later offloads go without meeting (Note [offload alone] in
+// solo_offload.hpp); this one still records in the copy's header what those need. A replica that
+// never comes makes the others' step 1 fail with TIMEOUT naming it, their tags resident, and a
+// retry starts over. Reload needs no other replica: each copies the whole shared
+// copy to its own device, after checking that every share is marked written or still mapped (a
+// share that is neither is an error naming its rank, the tag left offloaded with the copy,
+// retryable); it copies only the written shares.
 #pragma once
 
 #include "host/host_store.hpp"

@@ -6,9 +6,26 @@
 #include "base/error.hpp"
 #include "driver/context_guard.hpp"
 #include "driver/driver.hpp"
+#include "replica/shared_buffer.hpp"
 #include "transfer/copy_queue.hpp"
 
 namespace tagmem {
+
+std::size_t share_begin(std::size_t bytes, int k, int n) noexcept {
+  if (k >= n) return bytes;
+  const std::size_t step =
+      bytes / static_cast<std::size_t>(n) / (std::size_t{64} << 10) * (std::size_t{64} << 10);
+  return step * static_cast<std::size_t>(k);
+}
+
+std::size_t copy_share(device& dev, tag& t, shared_buffer& copy, int k, std::uint32_t generation,
+                       std::size_t piece_bytes) {
+  const std::size_t lo = share_begin(copy.bytes(), k, copy.shares());
+  const std::size_t hi = share_begin(copy.bytes(), k + 1, copy.shares());
+  copy_to_host(dev, t, lo, hi, copy.data() + lo, piece_bytes);
+  copy.mark_written(k, generation);
+  return hi - lo;
+}
 
 std::size_t run_bytes(tag& t) noexcept {
   std::size_t n = 0;
@@ -47,14 +64,14 @@ void copy_to_host(device& dev, tag& t, std::size_t begin, std::size_t end, char*
   q.finish();
 }
 
-void copy_to_device(device& dev, tag& t, const char* host, std::size_t piece_bytes) {
+void copy_to_device(device& dev, tag& t, std::size_t begin, std::size_t end, const char* host,
+                    std::size_t piece_bytes) {
   context_guard guard(dev.context());
   copy_queue q(dev);
   try {
-    for_each_part(t, 0, run_bytes(t), piece_bytes,
-                  [&](CUdeviceptr va, std::size_t at, std::size_t n) {
-                    q.to_device({va, const_cast<char*>(host) + at, n}, t.name());
-                  });
+    for_each_part(t, begin, end, piece_bytes, [&](CUdeviceptr va, std::size_t at, std::size_t n) {
+      q.to_device({va, const_cast<char*>(host) + (at - begin), n}, t.name());
+    });
   } catch (...) {
     try {
       q.finish();

@@ -11,11 +11,14 @@
 #include <cuda.h>
 
 #include <cstddef>
+#include <cstdint>
 #include <functional>
 
 #include "tags/tag.hpp"
 
 namespace tagmem {
+
+class shared_buffer;
 
 // The bytes of the tag's mappings (resident or not).
 std::size_t run_bytes(tag& t) noexcept;
@@ -30,8 +33,18 @@ void for_each_part(tag& t, std::size_t begin, std::size_t end, std::size_t piece
 void copy_to_host(device& dev, tag& t, std::size_t begin, std::size_t end, char* host,
                   std::size_t piece_bytes);
 
-// Copies the whole run from pinned `host` to the device (every mapping must be mapped). Throws
-// DRIVER.
-void copy_to_device(device& dev, tag& t, const char* host, std::size_t piece_bytes);
+// Copies [begin, end) of the run from [host, host + end - begin), pinned memory, to the device
+// (the mappings there must be mapped). Throws DRIVER.
+void copy_to_device(device& dev, tag& t, std::size_t begin, std::size_t end, const char* host,
+                    std::size_t piece_bytes);
+
+// Copies share k of the run into `copy` and marks it written by offload `generation`; returns
+// its bytes. Throws DRIVER (the share is then not marked).
+std::size_t copy_share(device& dev, tag& t, shared_buffer& copy, int k, std::uint32_t generation,
+                       std::size_t piece_bytes);
+
+// The start of share k of n of a run of `bytes`: multiples of 64 KiB, the last share takes the
+// rest (share n starts at `bytes`).
+std::size_t share_begin(std::size_t bytes, int k, int n) noexcept;
 
 }  // namespace tagmem

@@ -10,7 +10,7 @@
 namespace tagmem {
 
 namespace {
-constexpr std::uint64_t kMagic = 0x7461676d656d5231ull;  // "tagmemR1"
+constexpr std::uint64_t kMagic = 0x7461676d656d5232ull;  // "tagmemR2"
 }  // namespace
 
 struct shared_buffer::header {
@@ -23,6 +23,13 @@ struct shared_buffer::header {
   std::int32_t pid[kMaxReplicas];
   std::uint32_t written[kMaxReplicas];  // generations, read and written atomically: other
                                         // processes set them
+  // Note [offload alone] in replica/solo_offload.hpp; all read and written atomically.
+  std::uint32_t current;  // the latest offload through this copy
+  std::uint32_t reserved2;
+  std::uint32_t needs[kMaxReplicas];    // the offload each replica must reload from, else 0
+  std::uint32_t joined[kMaxReplicas];   // the offload each replica took part in last
+  std::uint64_t layout[kMaxReplicas];   // ... the hash of its layout then
+  std::uint64_t sampled[kMaxReplicas];  // ... and its sampled checksum then
 };
 
 shared_buffer::header& shared_buffer::head() const noexcept {
@@ -69,6 +76,49 @@ bool shared_buffer::written(int share, std::uint32_t generation) const noexcept 
 
 void shared_buffer::mark_written(int share, std::uint32_t generation) noexcept {
   __atomic_store_n(&head().written[share], generation, __ATOMIC_RELEASE);
+}
+
+std::uint32_t shared_buffer::current() const noexcept {
+  return __atomic_load_n(&head().current, __ATOMIC_SEQ_CST);
+}
+
+bool shared_buffer::advance(std::uint32_t from, std::uint32_t to) noexcept {
+  return __atomic_compare_exchange_n(&head().current, &from, to, false, __ATOMIC_SEQ_CST,
+                                     __ATOMIC_SEQ_CST);
+}
+
+void shared_buffer::raise_current(std::uint32_t generation) noexcept {
+  std::uint32_t now = current();
+  while (now < generation && !__atomic_compare_exchange_n(&head().current, &now, generation, false,
+                                                          __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST)) {
+  }
+}
+
+std::uint32_t shared_buffer::needs(int replica) const noexcept {
+  return __atomic_load_n(&head().needs[replica], __ATOMIC_SEQ_CST);
+}
+
+void shared_buffer::set_needs(int replica, std::uint32_t generation) noexcept {
+  __atomic_store_n(&head().needs[replica], generation, __ATOMIC_SEQ_CST);
+}
+
+void shared_buffer::publish(int replica, const replica_digest& d) noexcept {
+  header& h = head();
+  __atomic_store_n(&h.joined[replica], 0u, __ATOMIC_SEQ_CST);  // readers skip it meanwhile
+  __atomic_store_n(&h.layout[replica], d.layout, __ATOMIC_RELAXED);
+  __atomic_store_n(&h.sampled[replica], d.sampled, __ATOMIC_RELAXED);
+  __atomic_store_n(&h.joined[replica], d.generation, __ATOMIC_SEQ_CST);
+}
+
+bool shared_buffer::published(int replica, std::uint32_t generation,
+                              replica_digest* out) const noexcept {
+  const header& h = head();
+  if (__atomic_load_n(&h.joined[replica], __ATOMIC_SEQ_CST) != generation) return false;
+  out->generation = generation;
+  out->layout = __atomic_load_n(&h.layout[replica], __ATOMIC_RELAXED);
+  out->sampled = __atomic_load_n(&h.sampled[replica], __ATOMIC_RELAXED);
+  // Rewritten meanwhile (its owner moved on): not this generation's.
+  return __atomic_load_n(&h.joined[replica], __ATOMIC_SEQ_CST) == generation;
 }
 
 pid_t shared_buffer::pid_of(int share) const noexcept { return head().pid[share]; }

@@ -28,6 +28,7 @@ constexpr std::size_t MiB = std::size_t{1} << 20;
 constexpr int kCount = 3;  // allocations of kBytes: one 20 MiB segment
 constexpr std::size_t kBytes = 3 * MiB;
 constexpr const char* kTag = "w";
+constexpr std::size_t kHeader = 16 * 1024;  // the shared copy's header
 
 tagmem_tag_stats stats_of(const char* tag) {
   tagmem_tag_stats s{};
@@ -76,7 +77,7 @@ TAGMEM_PEER_SCENARIO(replica) {
         cmd == "offload" ? tagmem_offload(&tag, 1, 0, TAGMEM_BACKUP) : tagmem_reload(&tag, 1, 0);
     const tagmem_tag_stats s = stats_of(kTag);
     std::string report = std::to_string(st) + " " + std::to_string(s.bytes_offloaded) + " " +
-                         std::to_string(s.host_bytes);
+                         std::to_string(s.host_bytes) + " " + std::to_string(s.mapped_bytes);
     if (cmd == "reload" && st == TAGMEM_SUCCESS) report += corrupted(w) == 0 ? " intact" : " bad";
     args.channel.send(report);
   }
@@ -88,13 +89,14 @@ struct report {
   tagmem_status status = TAGMEM_SUCCESS;
   std::uint64_t moved = 0;
   std::uint64_t host = 0;
+  std::uint64_t mapped = 0;
   std::string bytes;
 };
 report parse(const std::string& text) {
   std::istringstream in(text);
   int st = 0;
   report r;
-  in >> st >> r.moved >> r.host >> r.bytes;
+  in >> st >> r.moved >> r.host >> r.mapped >> r.bytes;
   r.status = static_cast<tagmem_status>(st);
   return r;
 }
@@ -166,6 +168,30 @@ class Replica : public ::testing::Test {
     EXPECT_EQ(corrupted(mine_), 0u);
   }
   std::size_t run() const { return 20 * MiB; }  // the one segment the tag maps
+  // One offload at once and the reloads, so that every replica keeps the shared copy.
+  void cycle_at_once() {
+    check(offload_all(), "offload");
+    ASSERT_EQ(answer(1).status, TAGMEM_SUCCESS);
+    for (auto& p : peers_) p->channel().send("reload");
+    expect_reload_intact();
+    for (int r = 1; r < static_cast<int>(peers_.size()) + 1; ++r) {
+      ASSERT_EQ(answer(r).bytes, "intact") << "rank " << r;
+    }
+  }
+  // New bytes from `seed` in every replica.
+  void refill_all(std::uint64_t seed) {
+    for (auto& p : peers_) p->channel().send("refill " + std::to_string(seed));
+    refill(mine_, seed);
+    for (auto& p : peers_) p->channel().expect("refilled");
+  }
+  // Waits (10 s at most) until this replica's offloaded tag maps nothing: its waiter is done.
+  bool settles() {
+    for (int i = 0; i < 1000; ++i) {
+      if (stats_of(kTag).mapped_bytes == 0) return true;
+      usleep(10 * 1000);
+    }
+    return false;
+  }
 
   static inline int groups_ = 0;
   int self_rank_ = 0;
@@ -184,12 +210,12 @@ TEST_P(ReplicaGroup, EachMovesItsShareAndAllReloadEveryByte) {
   check(offload_all(), "offload");
   std::uint64_t moved = stats_of(kTag).bytes_offloaded;
   EXPECT_LE(moved, run() / n + n * 64 * 1024) << "rank 0 copied more than its share";
-  EXPECT_EQ(stats_of(kTag).host_bytes, run() + 4096);  // the one copy, with its header
+  EXPECT_EQ(stats_of(kTag).host_bytes, run() + kHeader);  // the one copy, with its header
   for (int r = 1; r < n; ++r) {
     const report a = answer(r);
     ASSERT_EQ(a.status, TAGMEM_SUCCESS) << "rank " << r;
     EXPECT_LE(a.moved, run() / n + n * 64 * 1024) << "rank " << r << " copied more than its share";
-    EXPECT_EQ(a.host, run() + 4096);
+    EXPECT_EQ(a.host, run() + kHeader);
     moved += a.moved;
   }
   EXPECT_EQ(moved, run()) << "the shares do not add up to the tag";
@@ -295,8 +321,9 @@ TEST_F(Replica, TheCopyIsKeptForTheNextOffloadAndTrimmed) {
   EXPECT_EQ(take_fd_census().shared_copies, before_.shared_copies);
 }
 
-// Killed before its share in the second offload, through the copy the first one kept: the
-// survivor sees that share holds only the first offload's bytes and writes it itself.
+// Killed before its share in the second offload, through the copy the first one kept (each
+// offloads alone, Note [offload alone]): the survivor's mapping waits for that share until it
+// sees the replica gone, then copies the share itself and unmaps.
 TEST_F(Replica, KilledBeforeItsShareOnAKeptCopy) {
   start(2, "cuMemcpyDtoHAsync:2");  // cycle 1: its share (one piece); cycle 2: this one
   check(offload_all(), "offload");
@@ -310,10 +337,102 @@ TEST_F(Replica, KilledBeforeItsShareOnAKeptCopy) {
   peers_[0]->channel().expect("refilled");
   const std::uint64_t moved = stats_of(kTag).bytes_offloaded;
   check(offload_all(), "offload on the kept copy");
-  EXPECT_EQ(stats_of(kTag).bytes_offloaded - moved, run()) << "the dead share was not written";
   EXPECT_EQ(peers_[0]->wait(), 128 + SIGKILL) << "the victim was not killed there";
   peers_.clear();
+  EXPECT_TRUE(settles()) << "the dead share was not written, or the mapping not unmapped";
+  EXPECT_EQ(stats_of(kTag).bytes_offloaded - moved, run()) << "the dead share was not written";
   expect_reload_intact();
+}
+
+// The controller asks one replica after the other (Note [offload alone]): the first offload
+// through the kept copy returns after its own share, its mapping waiting for the other's; the
+// second writes only its share and unmaps everything; the first's waiter then unmaps its own.
+TEST_F(Replica, OneAfterTheOther) {
+  start(2);
+  cycle_at_once();
+  const std::uint64_t seed = seed_ + 11;
+  refill_all(seed);
+  const std::uint64_t moved = stats_of(kTag).bytes_offloaded;
+  const char* tag = kTag;
+  check(tagmem_offload(&tag, 1, 0, TAGMEM_BACKUP), "offload alone");
+  tagmem_tag_stats s = stats_of(kTag);
+  EXPECT_EQ(s.state, TAGMEM_OFFLOADED_BACKUP);
+  EXPECT_EQ(s.bytes_offloaded - moved, run() / 2) << "rank 0 did not copy only its share";
+  EXPECT_EQ(s.mapped_bytes, run()) << "the one mapping holds rank 1's share: it waits";
+  EXPECT_EQ(s.host_bytes, run() + kHeader);
+  peer(1).channel().send("offload");
+  const report a = answer(1);
+  ASSERT_EQ(a.status, TAGMEM_SUCCESS);
+  EXPECT_EQ(a.mapped, 0u) << "rank 1 found both shares written and unmapped all";
+  EXPECT_TRUE(settles()) << "rank 0's mapping was not unmapped once rank 1's share was written";
+  EXPECT_EQ(stats_of(kTag).bytes_offloaded - moved, run() / 2) << "rank 0 copied rank 1's share";
+  peer(1).channel().send("reload");
+  expect_reload_intact();
+  EXPECT_EQ(answer(1).bytes, "intact");
+}
+
+// One after the other, the second never comes: after TAGMEM_REPLICA_TIMEOUT_MS the first copies
+// the missing share itself; the late replica then finds its share written and only unmaps.
+TEST_F(Replica, OneAfterTheOtherTheSecondLate) {
+  start(2);
+  cycle_at_once();
+  refill_all(seed_ + 13);
+  setenv("TAGMEM_REPLICA_TIMEOUT_MS", "200", 1);
+  const std::uint64_t moved = stats_of(kTag).bytes_offloaded;
+  const char* tag = kTag;
+  check(tagmem_offload(&tag, 1, 0, TAGMEM_BACKUP), "offload alone");
+  EXPECT_TRUE(settles()) << "the late share was not copied after the bound";
+  EXPECT_EQ(stats_of(kTag).bytes_offloaded - moved, run());
+  peer(1).channel().send("offload");
+  const report a = answer(1);
+  ASSERT_EQ(a.status, TAGMEM_SUCCESS);
+  EXPECT_EQ(a.mapped, 0u);
+  peer(1).channel().send("reload");
+  EXPECT_EQ(answer(1).bytes, "intact");
+  expect_reload_intact();
+}
+
+// Offloading again while another replica has not reloaded the last offload would overwrite the
+// shares it needs: PEER naming it, the tag resident and intact; once it has reloaded, it works.
+TEST_F(Replica, AReplicaNotReloadedIsNamed) {
+  start(2);
+  cycle_at_once();
+  check(offload_all(), "offload");
+  EXPECT_EQ(answer(1).status, TAGMEM_SUCCESS);
+  expect_reload_intact();
+  const char* tag = kTag;
+  EXPECT_EQ(tagmem_offload(&tag, 1, 0, TAGMEM_BACKUP), TAGMEM_ERROR_PEER);
+  const std::string why = tagmem_last_error();
+  EXPECT_NE(why.find("rank 1"), std::string::npos) << why;
+  EXPECT_NE(why.find("has not reloaded"), std::string::npos) << why;
+  EXPECT_EQ(stats_of(kTag).state, TAGMEM_RESIDENT);
+  EXPECT_EQ(corrupted(mine_), 0u);
+  peer(1).channel().send("reload");
+  EXPECT_EQ(answer(1).bytes, "intact");
+  check(offload_all(), "offload once every replica reloaded");
+  EXPECT_EQ(answer(1).status, TAGMEM_SUCCESS);
+  peer(1).channel().send("reload");
+  expect_reload_intact();
+  EXPECT_EQ(answer(1).bytes, "intact");
+}
+
+// Alone, the second replica holds other bytes than the first offloaded, which still needs them:
+// INVALID_ARGUMENT naming it, the second resident; the first copies the missing share itself.
+TEST_F(Replica, OneAfterTheOtherDifferentBytesAreRefused) {
+  start(2);
+  cycle_at_once();
+  setenv("TAGMEM_REPLICA_TIMEOUT_MS", "300", 1);
+  refill(mine_, seed_ + 17);  // only here: rank 1 keeps its bytes
+  const char* tag = kTag;
+  check(tagmem_offload(&tag, 1, 0, TAGMEM_BACKUP), "offload alone");
+  peer(1).channel().send("offload");
+  const report a = answer(1);
+  EXPECT_EQ(a.status, TAGMEM_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(a.mapped, run()) << "the refused replica is not resident";
+  EXPECT_TRUE(settles());
+  expect_reload_intact();
+  peer(1).channel().send("reload");
+  EXPECT_EQ(parse(peer(1).channel().receive()).status, TAGMEM_ERROR_TAG_RESIDENT);
 }
 
 // Killed once the offload is over (before its reload): the survivor's copy is whole.
