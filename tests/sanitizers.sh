@@ -14,7 +14,8 @@
 #    the fuzzers explore (docs/reliability.md); CI's runs keep the gate quick.
 # 3. ThreadSanitizer build: the threaded tests (Threads.*, Release.*, EmulatorRelease.*, background
 #    pinning, StreamReuse.*, the recycler shared with the release thread and the pin-ahead thread
-#    (one test of each interplay: see the filter), Stress.*, EmulatorStress.*), and the shim's
+#    (one test of each interplay: see the filter), Stress.*, EmulatorStress.*, replicas offloading
+#    one after the other with the thread that waits for the other shares), and the shim's
 #    suite (preload_emu: NCCL pauses and resumes of several ranks beside interposed driver calls,
 #    thread exits, the settings and peer fuzz tests with fixed seeds) and its threads of runtime
 #    and driver calls (preload_calls_fuzz_emu, TAGMEM_CALLS_FUZZ_STEPS 100).
@@ -204,7 +205,7 @@ if [[ ",$skip," != *",tsan,"* ]]; then
   tsan=$root/thread
   configure "$tsan" thread
   ninja -C "$tsan" -j "$jobs" tagmem_emu tagmem_core_tests tagmem_stress_tests \
-    tagmem_preload tagmem_preload_tests >"$tsan.build.log" 2>&1 ||
+    tagmem_preload tagmem_preload_tests tagmem_handoff_tests >"$tsan.build.log" 2>&1 ||
     { tail -50 "$tsan.build.log"; exit 1; }
   common_env
   export TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1
@@ -223,6 +224,10 @@ if [[ ",$skip," != *",tsan,"* ]]; then
   if "$tsan/tests/core/tagmem_core_tests" --gtest_filter="$tsan_filter" \
        >"$log" 2>&1 &&
      "$tsan/tests/stress/tagmem_stress_tests" --gtest_filter='Stress*:EmulatorStress*' >>"$log" 2>&1 &&
+     # Replicas that offload alone: the waiter thread unmaps beside the caller's calls on the tag.
+     "$tsan/tests/handoff/tagmem_handoff_tests" \
+       --gtest_filter='Replica.OneAfterTheOther*:Replica.KilledBeforeItsShareOnAKeptCopy' \
+       >>"$log" 2>&1 &&
      # The shim's suite (its threads of runtime and driver calls, NCCL pauses of several ranks
      # and jobs beside interposed calls, thread exits), under the shim as ctest starts it. Its
      # tags reserve 16 GiB of addresses at a time, not 256: ThreadSanitizer leaves a program
