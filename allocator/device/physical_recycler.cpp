@@ -220,7 +220,7 @@ void dispose(device& dev, const physical_part& p, bool recycle) noexcept {
 }  // namespace
 
 meta_vector<physical_part> map_parts(device& dev, CUdeviceptr va, std::size_t bytes, bool recycle,
-                                     physical_source* from, room_leave* room) {
+                                     physical_source* from, room_leave* room, bool access) {
   const auto& api = driver::api();
   meta_vector<physical_part> parts;
   parts.reserve(1);
@@ -258,8 +258,10 @@ meta_vector<physical_part> map_parts(device& dev, CUdeviceptr va, std::size_t by
       if (r != CUDA_SUCCESS) driver::throw_error(r, "cuMemMap");
       at += parts[mapped].size;
     }
-    CUresult r = api.cuMemSetAccess(va, bytes, &dev.access_desc(), 1);
-    if (r != CUDA_SUCCESS) driver::throw_error(r, "cuMemSetAccess");
+    if (access) {
+      CUresult r = api.cuMemSetAccess(va, bytes, &dev.access_desc(), 1);
+      if (r != CUDA_SUCCESS) driver::throw_error(r, "cuMemSetAccess");
+    }
   } catch (...) {
     undo();
     throw;

@@ -125,7 +125,9 @@ struct room_leave {
 
 // Backs [va, va + bytes) with physical memory: kept handles first when `recycle`, then handles
 // from `from` (received from the job's other processes, Note [handoff] in handoff/service.hpp),
-// one new handle for the rest, mapped side by side and given access with one call. When
+// one new handle for the rest, mapped side by side and given access with one call (none when
+// `access` is false: the caller grants it later, Note [access in one call] in
+// offload/offload_engine.cpp). When
 // cuMemCreate runs out of memory it releases kept handles and pending releases (Note [background
 // release]), and without `from` also the received handles held, and tries again. With `from`
 // and `room` allowed it may instead send one handle of `from` that the range could not use to
@@ -133,7 +135,8 @@ struct room_leave {
 // failure nothing stays mapped or created, taken handles go back where they came from, and the
 // error is thrown. Needs the device's context current.
 meta_vector<physical_part> map_parts(device& dev, CUdeviceptr va, std::size_t bytes, bool recycle,
-                                     physical_source* from = nullptr, room_leave* room = nullptr);
+                                     physical_source* from = nullptr, room_leave* room = nullptr,
+                                     bool access = true);
 
 // Unmaps [va, va + bytes) and disposes of its handles: kept by the recycler when `recycle`,
 // else released (a handle whose release fails goes to the release queue). Never throws: if the

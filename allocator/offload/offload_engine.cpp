@@ -101,6 +101,7 @@ class pipeline {
   void open_sink() noexcept;
   bool map_next();
   void grow_to_held(incoming& in, std::size_t largest_held);
+  void grant_access(incoming& in);
   void reclaim_parked(incoming& in);
   void queue_in_copies(incoming& in, CUdeviceptr mapped_end);
   void finish_ins();
@@ -255,12 +256,22 @@ unmapped_memory pipeline::choose_out_memory(std::size_t in_count) const noexcept
 // kept in in_error_ (the out side goes on).
 bool pipeline::map_next() {
   incoming& in = ins_[in_at_];
+  const bool access_later =  // Note [access in one call]
+      in.t->mode() == TAGMEM_DISCARD && !cfg_.discard_access_per_run;
   if (in.mapped == in.runs.size()) {
     if (in.next_piece != in.t->pieces().size()) {
       in_error_ = std::make_exception_ptr(
           error(TAGMEM_ERROR_INTERNAL,
                 std::string("reload of tag '") + in.t->name() + "' left backup pieces uncopied"));
       return false;
+    }
+    if (access_later) {
+      try {
+        grant_access(in);
+      } catch (...) {
+        in_error_ = std::current_exception();
+        return false;
+      }
     }
     ++in_at_;
     return true;
@@ -280,7 +291,8 @@ bool pipeline::map_next() {
   const std::size_t kept_before = dev_.recycler().bytes() + (peers ? peers->held().bytes() : 0);
   try {
     trace::span span("map", in.t->name(), r.size, trace::effect::mapped_up);
-    r.parts = map_parts(dev_, r.va, r.size, recycle(), peers ? &peers->held() : nullptr, &room_);
+    r.parts = map_parts(dev_, r.va, r.size, recycle(), peers ? &peers->held() : nullptr, &room_,
+                        !access_later);
   } catch (const error& e) {
     if (e.code() == TAGMEM_ERROR_OUT_OF_MEMORY && out_left()) {
       budget_ = 0;  // wait for the next unmap
@@ -305,6 +317,23 @@ bool pipeline::map_next() {
     return false;
   }
   return true;
+}
+
+// Note [access in one call]: cuMemSetAccess costs more per call than per byte: its time grows with
+// the calls and the handles under each range, not with the bytes (docs/handoff.md). A DISCARD
+// tag's reload has nothing to copy, so its runs are only mapped, and once all of them are, each
+// stretch of runs side by side gets access in one call: a kv cache of 32 runs takes one call,
+// not 32. A BACKUP tag's runs get access as each maps, since its copies start into them at once.
+void pipeline::grant_access(incoming& in) {
+  const auto& api = driver::api();
+  for (std::size_t i = 0; i < in.runs.size();) {
+    const CUdeviceptr va = in.runs[i].va;
+    std::size_t bytes = in.runs[i].size;
+    for (++i; i < in.runs.size() && in.runs[i].va == va + bytes; ++i) bytes += in.runs[i].size;
+    trace::span span("access", in.t->name(), bytes);
+    const CUresult r = api.cuMemSetAccess(va, bytes, &dev_.access_desc(), 1);
+    if (r != CUDA_SUCCESS) driver::throw_error(r, "cuMemSetAccess");
+  }
 }
 
 // Note [runs grow to the handles held]: cuMemMap maps a whole handle, so a received handle can

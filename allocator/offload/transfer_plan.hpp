@@ -54,7 +54,8 @@ struct in_run {
 struct incoming {
   tag* t = nullptr;
   meta_vector<in_run> runs;            // by address
-  std::size_t mapped = 0;              // runs [0, mapped) are mapped with access
+  std::size_t mapped = 0;              // runs [0, mapped) are mapped, with access but for a
+                                       // DISCARD tag's (Note [access in one call])
   std::size_t next_piece = 0;          // the tag's pieces [0, next_piece) are queued
   std::size_t copied = 0;              // bytes queued host -> device
   meta_vector<CUdeviceptr> reclaimed;  // parked mappings taken back (Note [parked mappings])

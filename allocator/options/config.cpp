@@ -76,6 +76,7 @@ config make_config(const tagmem_config* user) {
   c.handoff_hold_ms = static_cast<int>(option_number(option::HANDOFF_HOLD_MS));
   c.handoff_timeout_ms = static_cast<int>(option_number(option::HANDOFF_TIMEOUT_MS));
   c.offload_return_queued = option_choice(option::OFFLOAD_RETURN) == 1;
+  c.discard_access_per_run = option_choice(option::DISCARD_ACCESS) == 1;
   c.ipc = option_choice(option::IPC) == 1;
   check_field(chunk, option::CHUNK_BYTES, c.chunk_bytes);
   check_field(arena, option::ARENA_BYTES, c.arena_bytes);

@@ -43,7 +43,8 @@ struct config {
   int handoff_wait_ms = 0;
   int handoff_hold_ms = 0;
   int handoff_timeout_ms = 0;
-  bool offload_return_queued = false;  // TAGMEM_OFFLOAD_RETURN=queued (Note [early return])
+  bool offload_return_queued = false;   // TAGMEM_OFFLOAD_RETURN=queued (Note [early return])
+  bool discard_access_per_run = false;  // TAGMEM_DISCARD_ACCESS=per_run (Note [access in one call])
   // Device memory created exportable, for IPC (Note [ipc] in handoff/ipc_server.hpp).
   bool ipc = true;
 };

@@ -209,6 +209,36 @@ TEST_F(EmulatorPipeline, ReloadFailureKeepsEarlierTagsAndLaterBackups) {
   EXPECT_EQ(corrupted(second), 0u);
 }
 
+// Note [access in one call]: a DISCARD tag's reload grants access to its runs side by side in one
+// cuMemSetAccess once all are mapped, and every byte is usable after (the emulator protects memory
+// without access); TAGMEM_DISCARD_ACCESS=per_run grants it run by run.
+TEST_F(EmulatorPipeline, DiscardReloadGrantsAccessInOneCall) {
+  std::uint64_t calls[2] = {0, 0};
+  const char* how[2] = {"together", "per_run"};
+  for (int i = 0; i < 2; ++i) {
+    ASSERT_EQ(tagmem_shutdown(), TAGMEM_SUCCESS) << tagmem_last_error();
+    setenv("TAGMEM_DISCARD_ACCESS", how[i], 1);
+    setenv("TAGMEM_DISCARD_MAPPING_BYTES", "2MiB", 1);  // runs stop at each mapping
+    tagmem_config cfg;
+    tagmem_config_init(&cfg);
+    cfg.max_mapping_bytes = 2u << 20;
+    const tagmem_status st = tagmem_init(&cfg);
+    unsetenv("TAGMEM_DISCARD_ACCESS");
+    unsetenv("TAGMEM_DISCARD_MAPPING_BYTES");
+    ASSERT_EQ(st, TAGMEM_SUCCESS) << tagmem_last_error();
+    auto kv = fill("kv", 6, 24 << 20);  // a segment, one mapping, each
+    const char* tags[] = {"kv"};
+    TAGMEM_OK(tagmem_offload(tags, 1, 0, TAGMEM_DISCARD));
+    const std::uint64_t before = emulator().call_count("cuMemSetAccess");
+    TAGMEM_OK(tagmem_reload(tags, 1, 0));
+    calls[i] = emulator().call_count("cuMemSetAccess") - before;
+    refill(rng_, kv);  // faults in the emulator where access is missing
+    EXPECT_EQ(corrupted(kv), 0u) << how[i];
+  }
+  EXPECT_EQ(calls[0], 1u) << "one call for the runs side by side";
+  EXPECT_GE(calls[1], 6u) << "one call per run";
+}
+
 TEST_F(EmulatorPipeline, CopyAndMappingCallsDoNotGrowWithTheNumberOfAllocations) {
   auto many = fill("many", 2000, 64 << 10);  // 125 MiB in 63 chunks of 2 MiB
   tagmem_tag_stats s = stats("many");
