@@ -319,11 +319,11 @@ bool pipeline::map_next() {
   return true;
 }
 
-// Note [access in one call]: cuMemSetAccess costs more per call than per byte: its time grows with
-// the calls and the handles under each range, not with the bytes (docs/handoff.md). A DISCARD
-// tag's reload has nothing to copy, so its runs are only mapped, and once all of them are, each
-// stretch of runs side by side gets access in one call: a kv cache of 32 runs takes one call,
-// not 32. A BACKUP tag's runs get access as each maps, since its copies start into them at once.
+// Note [access in one call]: part of cuMemSetAccess's time is per call (the rest grows with the
+// bytes and the handles under the range: docs/handoff.md). A DISCARD tag's reload has nothing to
+// copy, so its runs are only mapped, and once all of them are, each stretch of runs side by side
+// gets access in one call: a kv cache of 32 runs takes one call, not 32. A BACKUP tag's runs get
+// access as each maps, since its copies start into them at once.
 void pipeline::grant_access(incoming& in) {
   const auto& api = driver::api();
   for (std::size_t i = 0; i < in.runs.size();) {
