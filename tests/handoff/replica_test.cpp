@@ -171,7 +171,9 @@ class Replica : public ::testing::Test {
   // One offload at once and the reloads, so that every replica keeps the shared copy.
   void cycle_at_once() {
     check(offload_all(), "offload");
-    ASSERT_EQ(answer(1).status, TAGMEM_SUCCESS);
+    for (int r = 1; r < static_cast<int>(peers_.size()) + 1; ++r) {
+      ASSERT_EQ(answer(r).status, TAGMEM_SUCCESS) << "rank " << r;
+    }
     for (auto& p : peers_) p->channel().send("reload");
     expect_reload_intact();
     for (int r = 1; r < static_cast<int>(peers_.size()) + 1; ++r) {
@@ -369,6 +371,36 @@ TEST_F(Replica, OneAfterTheOther) {
   peer(1).channel().send("reload");
   expect_reload_intact();
   EXPECT_EQ(answer(1).bytes, "intact");
+}
+
+// Three replicas one after the other: each but the last keeps mapped what lies in shares not yet
+// written; the last finds every other share written and unmaps all; every replica reloads every
+// byte.
+TEST_F(Replica, OneAfterTheOtherThreeReplicas) {
+  start(3);
+  cycle_at_once();
+  refill_all(seed_ + 19);
+  const std::uint64_t moved = stats_of(kTag).bytes_offloaded;
+  const char* tag = kTag;
+  check(tagmem_offload(&tag, 1, 0, TAGMEM_BACKUP), "offload alone");
+  EXPECT_EQ(stats_of(kTag).mapped_bytes, run()) << "the one mapping waits for ranks 1 and 2";
+  peer(1).channel().send("offload");
+  const report one = answer(1);
+  ASSERT_EQ(one.status, TAGMEM_SUCCESS);
+  EXPECT_EQ(one.mapped, run()) << "rank 1's mapping waits for rank 2's share";
+  peer(2).channel().send("offload");
+  const report two = answer(2);
+  ASSERT_EQ(two.status, TAGMEM_SUCCESS);
+  EXPECT_EQ(two.mapped, 0u) << "rank 2 found every other share written";
+  EXPECT_TRUE(settles());
+  // Each copied its own share, in this offload as in the one at once before it.
+  const std::size_t step = run() / 3 / (64 * 1024) * (64 * 1024);  // shares 0 and 1
+  EXPECT_EQ(stats_of(kTag).bytes_offloaded - moved, step);
+  EXPECT_EQ(one.moved, 2 * step);
+  EXPECT_EQ(two.moved, 2 * (run() - 2 * step));
+  for (int r = 1; r <= 2; ++r) peer(r).channel().send("reload");
+  expect_reload_intact();
+  for (int r = 1; r <= 2; ++r) EXPECT_EQ(answer(r).bytes, "intact") << "rank " << r;
 }
 
 // One after the other, the second never comes: after TAGMEM_REPLICA_TIMEOUT_MS the first copies
