@@ -190,12 +190,8 @@ void pipeline::start(outgoing& o) {
 }
 
 void pipeline::commit(outgoing& o) {
-  if (only_) {
-    if (o.t->arena().mapped_bytes() != 0) {
-      o.t->set_partially_offloaded(mode_);
-    } else {
-      o.t->set_offloaded(mode_);
-    }
+  if (only_) {  // partial() reads false once nothing stays mapped
+    o.t->set_partially_offloaded(mode_);
     return;
   }
   o.t->set_offloaded(mode_);
@@ -646,11 +642,7 @@ void discard_mappings(device& dev, tag& t, const mapping_filter& only, host_stor
   bool any = false;  // nothing to unmap: no pipeline (it would synchronise the context)
   for (const auto& [va, m] : t.arena().mappings()) any = any || (m.resident && only(va, m.size));
   if (!any) {
-    if (t.arena().mapped_bytes() != 0) {
-      t.set_partially_offloaded(TAGMEM_DISCARD);
-    } else {
-      t.set_offloaded(TAGMEM_DISCARD);
-    }
+    t.set_partially_offloaded(TAGMEM_DISCARD);
     return;
   }
   tag* self = &t;

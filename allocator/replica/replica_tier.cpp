@@ -252,8 +252,7 @@ void reload_replicated(device& dev, tag& t, host_store& store, const config& cfg
   // this replica for now.
   for (int k = 0; k < b.shares(); ++k) {
     TAGMEM_EXPECTS(
-        b.written(k, rep.generation) || run_resident(t, share_begin(b.bytes(), k, b.shares()),
-                                                     share_begin(b.bytes(), k + 1, b.shares())),
+        b.written(k, rep.generation) || run_resident(t, b.share(k).begin, b.share(k).end),
         TAGMEM_ERROR_PEER,
         "the shared host copy of " + who(t, rep.spec) + " lacks the share of rank " +
             std::to_string(k) + " (pid " + std::to_string(b.pid_of(k)) +
@@ -271,8 +270,7 @@ void reload_replicated(device& dev, tag& t, host_store& store, const config& cfg
   try {
     for (int k = 0; k < b.shares(); ++k) {
       if (!b.written(k, rep.generation)) continue;
-      const std::size_t lo = share_begin(b.bytes(), k, b.shares());
-      const std::size_t hi = share_begin(b.bytes(), k + 1, b.shares());
+      const auto [lo, hi] = b.share(k);
       copy_to_device(dev, t, lo, hi, b.data() + lo, cfg.copy_piece_bytes);
       copied += hi - lo;
     }

@@ -11,17 +11,9 @@
 
 namespace tagmem {
 
-std::size_t share_begin(std::size_t bytes, int k, int n) noexcept {
-  if (k >= n) return bytes;
-  const std::size_t step =
-      bytes / static_cast<std::size_t>(n) / (std::size_t{64} << 10) * (std::size_t{64} << 10);
-  return step * static_cast<std::size_t>(k);
-}
-
 std::size_t copy_share(device& dev, tag& t, shared_buffer& copy, int k, std::uint32_t generation,
                        std::size_t piece_bytes) {
-  const std::size_t lo = share_begin(copy.bytes(), k, copy.shares());
-  const std::size_t hi = share_begin(copy.bytes(), k + 1, copy.shares());
+  const auto [lo, hi] = copy.share(k);
   copy_to_host(dev, t, lo, hi, copy.data() + lo, piece_bytes);
   copy.mark_written(k, generation);
   return hi - lo;

@@ -43,8 +43,4 @@ void copy_to_device(device& dev, tag& t, std::size_t begin, std::size_t end, con
 std::size_t copy_share(device& dev, tag& t, shared_buffer& copy, int k, std::uint32_t generation,
                        std::size_t piece_bytes);
 
-// The start of share k of n of a run of `bytes`: multiples of 64 KiB, the last share takes the
-// rest (share n starts at `bytes`).
-std::size_t share_begin(std::size_t bytes, int k, int n) noexcept;
-
 }  // namespace tagmem

@@ -68,6 +68,13 @@ std::unique_ptr<shared_buffer> shared_buffer::adopt(device& dev, int fd, host_sh
   return b;
 }
 
+shared_buffer::range shared_buffer::share(int k) const noexcept {
+  const std::size_t step = bytes_ / static_cast<std::size_t>(shares_) / (std::size_t{64} << 10) *
+                           (std::size_t{64} << 10);
+  return {step * static_cast<std::size_t>(k),
+          k + 1 >= shares_ ? bytes_ : step * static_cast<std::size_t>(k + 1)};
+}
+
 std::uint64_t shared_buffer::token() const noexcept { return head().token; }
 
 bool shared_buffer::written(int share, std::uint32_t generation) const noexcept {

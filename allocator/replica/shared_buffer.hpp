@@ -63,6 +63,11 @@ class shared_buffer {
   std::size_t bytes() const noexcept { return bytes_; }
   std::size_t mapped_bytes() const noexcept { return kHeaderBytes + bytes_; }
   int shares() const noexcept { return shares_; }
+  // Share k's bytes of the run, [begin, end): multiples of 64 KiB, the last share takes the rest.
+  struct range {
+    std::size_t begin, end;
+  };
+  range share(int k) const noexcept;
 
   std::uint64_t token() const noexcept;
   // Whether share `share` holds the bytes of offload `generation`.

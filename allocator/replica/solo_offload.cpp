@@ -70,8 +70,7 @@ replica_digest digest_of(device& dev, tag& t, std::uint64_t layout, const shared
 bool shares_written(const shared_buffer& b, std::size_t lo, std::size_t hi,
                     std::uint32_t generation) noexcept {
   for (int k = 0; k < b.shares(); ++k) {
-    const std::size_t s = share_begin(b.bytes(), k, b.shares());
-    const std::size_t e = share_begin(b.bytes(), k + 1, b.shares());
+    const auto [s, e] = b.share(k);
     if (e <= lo || s >= hi) continue;  // an empty share (s == e) overlaps nothing
     if (!b.written(k, generation)) return false;
   }
@@ -240,8 +239,7 @@ void wait_for_shares(device& dev, tag& t, host_store& store, const config& cfg, 
       for (int k = 0; k < b.shares(); ++k) {
         if (!b.written(k, g)) {
           // Copied here when its replica is late or gone (checked every 50 ms).
-          const std::size_t lo = share_begin(b.bytes(), k, b.shares());
-          const std::size_t hi = share_begin(b.bytes(), k + 1, b.shares());
+          const auto [lo, hi] = b.share(k);
           if ((late || (tick % 50 == 0 && !alive(b.pid_of(k)))) && run_resident(t, lo, hi)) {
             moved += copy_share(dev, t, b, k, g, cfg.copy_piece_bytes);
             if (logging(log_level::info)) {
