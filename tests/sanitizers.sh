@@ -15,7 +15,8 @@
 # 3. ThreadSanitizer build: the threaded tests (Threads.*, Release.*, EmulatorRelease.*, background
 #    pinning, StreamReuse.*, the recycler shared with the release thread and the pin-ahead thread
 #    (one test of each interplay: see the filter), Stress.*, EmulatorStress.*, replicas offloading
-#    one after the other with the thread that waits for the other shares), and the shim's
+#    one after the other with the thread that waits for the other shares, handed memory mapped
+#    ahead by the registry's thread), and the shim's
 #    suite (preload_emu: NCCL pauses and resumes of several ranks beside interposed driver calls,
 #    thread exits, the settings and peer fuzz tests with fixed seeds) and its threads of runtime
 #    and driver calls (preload_calls_fuzz_emu, TAGMEM_CALLS_FUZZ_STEPS 100).
@@ -225,8 +226,9 @@ if [[ ",$skip," != *",tsan,"* ]]; then
        >"$log" 2>&1 &&
      "$tsan/tests/stress/tagmem_stress_tests" --gtest_filter='Stress*:EmulatorStress*' >>"$log" 2>&1 &&
      # Replicas that offload alone: the waiter thread unmaps beside the caller's calls on the tag.
+     # Memory mapped ahead: the registry's thread maps into a tag beside the caller's calls.
      "$tsan/tests/handoff/tagmem_handoff_tests" \
-       --gtest_filter='Replica.OneAfterTheOther*:Replica.KilledBeforeItsShareOnAKeptCopy' \
+       --gtest_filter='Replica.OneAfterTheOther*:Replica.KilledBeforeItsShareOnAKeptCopy:*MapAhead*' \
        >>"$log" 2>&1 &&
      # The shim's suite (its threads of runtime and driver calls, NCCL pauses of several ranks
      # and jobs beside interposed calls, thread exits), under the shim as ctest starts it. Its

@@ -7,6 +7,7 @@
 #include "device/physical_flow.hpp"
 #include "device/received_fds.hpp"
 #include "device/release_clock.hpp"
+#include "device/release_queue.hpp"
 #include "driver/driver.hpp"
 
 namespace tagmem {
@@ -27,19 +28,22 @@ bool physical_recycler::put(physical_part p) noexcept {
   return true;
 }
 
-bool physical_recycler::park(CUdeviceptr va, std::size_t size,
-                             meta_vector<physical_part>& parts) noexcept {
+bool physical_recycler::park(CUdeviceptr va, std::size_t size, meta_vector<physical_part>& parts,
+                             bool ahead) noexcept {
   std::lock_guard lock(mutex_);
   try {
     auto [it, inserted] = parked_.try_emplace(va);  // the record first: nothing moved if it throws
     if (!inserted) return false;
     it->second.size = size;
     it->second.parts.swap(parts);
+    it->second.ahead = ahead;
+    if (ahead) it->second.since = std::chrono::steady_clock::now();
   } catch (...) {
     return false;
   }
   bytes_ += size;
   parked_bytes_ += size;
+  if (ahead) ahead_bytes_ += size;
   return true;
 }
 
@@ -51,8 +55,56 @@ bool physical_recycler::reclaim(CUdeviceptr va, meta_vector<physical_part>& out)
   out.swap(it->second.parts);
   bytes_ -= it->second.size;
   parked_bytes_ -= it->second.size;
+  if (it->second.ahead) ahead_bytes_ -= it->second.size;
   parked_.erase(it);
   return true;
+}
+
+std::size_t physical_recycler::release_ahead_before(std::chrono::steady_clock::time_point cutoff,
+                                                    release_queue& q) noexcept {
+  meta_vector<physical_part> gone;
+  std::size_t released = 0;
+  {
+    std::lock_guard lock(mutex_);
+    if (ahead_bytes_ == 0) return 0;
+    for (auto it = parked_.begin(); it != parked_.end();) {
+      parked_mapping& m = it->second;
+      if (!m.ahead || m.since >= cutoff) {
+        ++it;
+        continue;
+      }
+      try {
+        gone.reserve(gone.size() + m.parts.size());
+      } catch (...) {
+        break;  // no room for the list: the next call tries again
+      }
+      if (driver::api().cuMemUnmap(it->first, m.size) != CUDA_SUCCESS) {
+        ++it;  // stays parked: its tag's reload or a later call takes it
+        continue;
+      }
+      gone.insert(gone.end(), m.parts.begin(), m.parts.end());  // within the room reserved
+      bytes_ -= m.size;
+      parked_bytes_ -= m.size;
+      ahead_bytes_ -= m.size;
+      released += m.size;
+      it = parked_.erase(it);
+    }
+  }
+  hand_to_queue(gone, q);
+  return released;
+}
+
+void physical_recycler::hand_to_queue(meta_vector<physical_part>& parts,
+                                      release_queue& q) noexcept {
+  for (const physical_part& p : parts) {
+    try {
+      q.push(p.handle, p.size);
+      continue;
+    } catch (...) {  // the thread cannot take it: release it here
+    }
+    received_fds::release_handle(p.handle);
+  }
+  parts.clear();
 }
 
 CUresult physical_recycler::unpark_first_locked() noexcept {
@@ -70,21 +122,27 @@ CUresult physical_recycler::unpark_first_locked() noexcept {
     release_clock::release(p.handle, p.size);
   }
   parked_bytes_ -= it->second.size;
+  if (it->second.ahead) ahead_bytes_ -= it->second.size;
   parked_.erase(it);
   return CUDA_SUCCESS;
 }
 
-CUresult physical_recycler::unpark_all_locked() noexcept {
+CUresult physical_recycler::unpark_all_locked(bool with_ahead) noexcept {
   CUresult first = CUDA_SUCCESS;
-  // A mapping whose unmap fails stays parked, first in line: move past it by address.
+  // A mapping whose unmap fails stays parked, first in line: move past it by address; so does
+  // one parked ahead when those stay.
   meta_map<CUdeviceptr, parked_mapping> stuck(parked_.get_allocator());
   while (!parked_.empty()) {
+    if (!with_ahead && parked_.begin()->second.ahead) {
+      stuck.insert(parked_.extract(parked_.begin()));  // a node move: cannot fail
+      continue;
+    }
     CUresult r = unpark_first_locked();
     if (r == CUDA_SUCCESS) continue;
     if (first == CUDA_SUCCESS) first = r;
-    stuck.insert(parked_.extract(parked_.begin()));  // a node move: cannot fail
+    stuck.insert(parked_.extract(parked_.begin()));
   }
-  parked_.swap(stuck);
+  parked_.merge(stuck);
   return first;
 }
 
@@ -111,8 +169,9 @@ void physical_recycler::take_up_to(std::size_t bytes, meta_vector<physical_part>
   // Then parked mappings, oldest first (Note [parked mappings]), while one of their handles fits.
   meta_map<CUdeviceptr, parked_mapping> stuck(parked_.get_allocator());
   while (left != 0 && !parked_.empty() && out.size() < out.capacity()) {
-    bool fits = false;
+    bool fits = false;  // a mapping parked ahead is its tag's (Note [mapped ahead])
     for (const physical_part& p : parked_.begin()->second.parts) fits |= p.size <= left;
+    fits &= !parked_.begin()->second.ahead;
     if (!fits || unpark_first_locked() != CUDA_SUCCESS) {
       stuck.insert(parked_.extract(parked_.begin()));  // left parked; a node move cannot fail
       continue;
@@ -122,11 +181,11 @@ void physical_recycler::take_up_to(std::size_t bytes, meta_vector<physical_part>
   parked_.merge(stuck);
 }
 
-void physical_recycler::release_all(release_queue& q) noexcept {
+void physical_recycler::release_all(release_queue& q, bool with_ahead) noexcept {
   decltype(kept_) all(kept_.get_allocator());
   {
     std::lock_guard lock(mutex_);
-    unpark_all_locked();  // one that fails to unmap stays parked, for the next attempt
+    unpark_all_locked(with_ahead);  // one that fails to unmap stays parked, for the next attempt
     all.swap(kept_);
     bytes_ = parked_bytes_;
   }
@@ -147,10 +206,17 @@ void physical_recycler::release_all(release_queue& q) noexcept {
   }
 }
 
-CUresult physical_recycler::release_now(std::size_t bytes) noexcept {
+CUresult physical_recycler::release_now(std::size_t bytes, bool with_ahead) noexcept {
   std::size_t released = 0;
   CUresult first = CUDA_SUCCESS;
   std::lock_guard lock(mutex_);
+  // Mappings parked ahead wait aside when they stay (node moves: cannot fail).
+  meta_map<CUdeviceptr, parked_mapping> aside(parked_.get_allocator());
+  for (auto it = parked_.begin(); !with_ahead && it != parked_.end();) {
+    auto next = std::next(it);
+    if (it->second.ahead) aside.insert(parked_.extract(it));
+    it = next;
+  }
   for (;;) {
     for (auto it = kept_.begin(); it != kept_.end() && released < bytes;) {
       CUresult r = release_clock::release(it->second, it->first);
@@ -163,11 +229,16 @@ CUresult physical_recycler::release_now(std::size_t bytes) noexcept {
       bytes_ -= it->first;
       it = kept_.erase(it);
     }
-    if (released >= bytes || parked_.empty()) return first;
+    if (released >= bytes || parked_.empty()) break;
     // Not enough unmapped: the next parked mapping (Note [parked mappings]).
     CUresult r = unpark_first_locked();
-    if (r != CUDA_SUCCESS) return first == CUDA_SUCCESS ? r : first;
+    if (r != CUDA_SUCCESS) {
+      if (first == CUDA_SUCCESS) first = r;
+      break;
+    }
   }
+  parked_.merge(aside);
+  return first;
 }
 
 std::size_t physical_recycler::bytes() const noexcept {
@@ -178,6 +249,11 @@ std::size_t physical_recycler::bytes() const noexcept {
 std::size_t physical_recycler::parked_bytes() const noexcept {
   std::lock_guard lock(mutex_);
   return parked_bytes_;
+}
+
+std::size_t physical_recycler::ahead_bytes() const noexcept {
+  std::lock_guard lock(mutex_);
+  return ahead_bytes_;
 }
 
 namespace {
@@ -220,7 +296,8 @@ void dispose(device& dev, const physical_part& p, bool recycle) noexcept {
 }  // namespace
 
 meta_vector<physical_part> map_parts(device& dev, CUdeviceptr va, std::size_t bytes, bool recycle,
-                                     physical_source* from, room_leave* room, bool access) {
+                                     physical_source* from, room_leave* room, bool access,
+                                     std::size_t most_created) {
   const auto& api = driver::api();
   meta_vector<physical_part> parts;
   parts.reserve(1);
@@ -249,6 +326,11 @@ meta_vector<physical_part> map_parts(device& dev, CUdeviceptr va, std::size_t by
   try {
     std::size_t covered = 0;
     for (const physical_part& p : parts) covered += p.size;
+    if (bytes - covered > most_created) {  // left alone: what was taken goes back
+      undo();
+      parts.clear();
+      return parts;
+    }
     if (covered < bytes) {
       parts.reserve(parts.size() + 1);
       parts.push_back({create(dev, bytes - covered, from, room), bytes - covered});

@@ -35,6 +35,7 @@
 
 #include <cuda.h>
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <map>
@@ -68,20 +69,33 @@ class physical_recycler {
   void take_up_to(std::size_t bytes, meta_vector<physical_part>& out);
   // Parks the mapping of `size` bytes at `va`, made of `parts` (Note [parked mappings]); on
   // success `parts` is left empty. Returns false, keeping nothing, when the record cannot be
-  // made: the caller then unmaps as usual.
-  bool park(CUdeviceptr va, std::size_t size, meta_vector<physical_part>& parts) noexcept;
+  // made: the caller then unmaps as usual. A mapping parked `ahead` (Note [mapped ahead] in
+  // offload/map_ahead.hpp) is its tag's: take_up_to leaves it, the rest treat it as any.
+  bool park(CUdeviceptr va, std::size_t size, meta_vector<physical_part>& parts,
+            bool ahead = false) noexcept;
   // Takes back the mapping parked at `va` if it is still parked: its parts go to `out` (emptied
   // first) and stay mapped. Returns false, changing nothing, when it was unparked meanwhile.
   bool reclaim(CUdeviceptr va, meta_vector<physical_part>& out) noexcept;
-  // Hands every kept handle to `q` (one it cannot take is released here), unparking first.
-  void release_all(release_queue& q) noexcept;
-  // Releases kept handles on this thread, smallest first (parked ones last), until at least
-  // `bytes` went back to the driver or none is left. Returns the first failure (CUDA_SUCCESS if
-  // none); a handle that failed stays kept, for the next release.
-  CUresult release_now(std::size_t bytes) noexcept;
+  // Hands every kept handle to `q` (one it cannot take is released here), unparking first;
+  // mappings parked ahead only `with_ahead`.
+  void release_all(release_queue& q, bool with_ahead = true) noexcept;
+  // Unmaps the mappings parked ahead before `cutoff` and hands their handles to `q` (one it
+  // cannot take is released here); returns their bytes. One whose unmap fails stays parked.
+  std::size_t release_ahead_before(std::chrono::steady_clock::time_point cutoff,
+                                   release_queue& q) noexcept;
+  // Releases kept handles on this thread, smallest first (parked ones last, those parked ahead
+  // only `with_ahead`), until at least `bytes` went back to the driver or none is left. Returns
+  // the first failure (CUDA_SUCCESS if none); a handle that failed stays kept, for the next
+  // release.
+  CUresult release_now(std::size_t bytes, bool with_ahead = true) noexcept;
   // Kept bytes, parked ones included.
   std::size_t bytes() const noexcept;
   std::size_t parked_bytes() const noexcept;
+  std::size_t ahead_bytes() const noexcept;  // parked ahead
+  bool parked(CUdeviceptr va) const noexcept {
+    std::lock_guard lock(mutex_);
+    return parked_.count(va) != 0;
+  }
   // The bytes of the mappings parked at the addresses of `records` (a tag's mapping records,
   // keyed by address, each with a `size`).
   template <class Records>
@@ -98,11 +112,14 @@ class physical_recycler {
   struct parked_mapping {
     std::size_t size = 0;
     meta_vector<physical_part> parts;
+    bool ahead = false;
+    std::chrono::steady_clock::time_point since;  // when parked ahead
   };
+  void hand_to_queue(meta_vector<physical_part>& parts, release_queue& q) noexcept;
   // Unmaps the oldest parked mapping and keeps its handles as unmapped ones. Returns the unmap's
   // result; on failure the mapping stays parked (and is not tried again by this call's caller).
   CUresult unpark_first_locked() noexcept;
-  CUresult unpark_all_locked() noexcept;
+  CUresult unpark_all_locked(bool with_ahead = true) noexcept;
 
   mutable std::mutex mutex_;  // a leaf, like the release queue's (cuMemUnmap runs under it)
   std::multimap<std::size_t, CUmemGenericAllocationHandle, std::less<std::size_t>,
@@ -111,6 +128,7 @@ class physical_recycler {
   meta_map<CUdeviceptr, parked_mapping> parked_;  // by address
   std::size_t bytes_ = 0;
   std::size_t parked_bytes_ = 0;
+  std::size_t ahead_bytes_ = 0;
 };
 
 class physical_source;
@@ -133,10 +151,12 @@ struct room_leave {
 // and `room` allowed it may instead send one handle of `from` that the range could not use to
 // the driver, for room to create what the others do not cover, and then disallows `room`. On
 // failure nothing stays mapped or created, taken handles go back where they came from, and the
-// error is thrown. Needs the device's context current.
+// error is thrown. A range of which more than `most_created` bytes would have to be created is
+// left alone: what was taken goes back, nothing is mapped, and the result is empty. Needs the
+// device's context current.
 meta_vector<physical_part> map_parts(device& dev, CUdeviceptr va, std::size_t bytes, bool recycle,
                                      physical_source* from = nullptr, room_leave* room = nullptr,
-                                     bool access = true);
+                                     bool access = true, std::size_t most_created = SIZE_MAX);
 
 // Unmaps [va, va + bytes) and disposes of its handles: kept by the recycler when `recycle`,
 // else released (a handle whose release fails goes to the release queue). Never throws: if the

@@ -595,11 +595,14 @@ namespace {
 
 // Memory recycled but not taken goes back to the driver unless the caller keeps it (Note
 // [physical recycling]): through the release queue, held until the unmaps are done, or here with
-// TAGMEM_SWAP_RELEASE=inline. Returns the first failure of a release made here.
+// TAGMEM_SWAP_RELEASE=inline. Mappings parked ahead are their tags' and stay (Note [mapped
+// ahead]). Returns the first failure of a release made here.
 CUresult return_unused(device& dev, const config& cfg) noexcept {
   if (cfg.recycle == recycling::keep) return CUDA_SUCCESS;
-  if (!cfg.swap_background_release) return dev.recycler().release_now(static_cast<std::size_t>(-1));
-  dev.recycler().release_all(dev.releases());
+  if (!cfg.swap_background_release) {
+    return dev.recycler().release_now(static_cast<std::size_t>(-1), /*with_ahead=*/false);
+  }
+  dev.recycler().release_all(dev.releases(), /*with_ahead=*/false);
   return CUDA_SUCCESS;
 }
 

@@ -42,6 +42,7 @@ struct config {
   bool handoff_after_offload = true;  // TAGMEM_HANDOFF_ANNOUNCE=after_offload
   int handoff_wait_ms = 0;
   int handoff_hold_ms = 0;
+  bool handoff_map_ahead = true;  // Note [mapped ahead]
   int handoff_timeout_ms = 0;
   bool offload_return_queued = false;   // TAGMEM_OFFLOAD_RETURN=queued (Note [early return])
   bool discard_access_per_run = false;  // TAGMEM_DISCARD_ACCESS=per_run (Note [access in one call])

@@ -53,6 +53,7 @@ registry::registry(const config& cfg) : cfg_(cfg), disk_dir_(option_text(option:
   }
   if (cfg_.offload_return_queued) early_ = std::make_unique<early_offloads>();
   share_waits_ = std::make_unique<early_offloads>();
+  if (cfg_.handoff && cfg_.handoff_map_ahead) ahead_ = std::make_unique<early_offloads>();
   if (cfg_.pin_ahead) {
     pinner_ = std::make_unique<background_pinning>([this]() -> host_store& { return store(); },
                                                    [this] { return planned_backup_bytes(); });
@@ -61,6 +62,8 @@ registry::registry(const config& cfg) : cfg_(cfg), disk_dir_(option_text(option:
 
 registry::~registry() {
   early_.reset();  // waits for the offloads that returned early: they use everything below
+  ahead_stop_ = true;
+  ahead_.reset();  // it maps into the tags
   share_waits_stop_ = true;
   share_waits_.reset();
   exporter_.store(nullptr);
@@ -107,6 +110,7 @@ device& registry::dev(int ordinal) {
     if (cfg_.handoff && d->exports_handles()) {
       s.handoff = std::make_unique<handoff::service>(*d, cfg_, handoff_job_, handoff_dir_);
       d->set_peers(s.handoff.get());
+      if (cfg_.handoff_map_ahead) start_mapping_ahead(ordinal, *d, *s.handoff);
     }
     s.dev = std::move(d);
   });
@@ -132,7 +136,9 @@ void registry::note_offloaded(int ordinal) noexcept {
     std::lock_guard lock(t->mutex());
     if (!t->offloaded()) continue;
     const vm_arena::offloaded_extent o = t->arena().offloaded();
-    bytes += o.bytes;
+    // What is parked (Note [mapped ahead], Note [parked mappings]) its reload takes back.
+    bytes +=
+        o.bytes - std::min(o.bytes, t->dev().recycler().parked_bytes_at(t->arena().mappings()));
     largest = std::max(largest, o.largest_span);
   }
   h->offloaded(bytes, largest);

@@ -139,6 +139,12 @@ class registry {
   // Replicas that offloaded alone and wait for the others' shares (Note [offload alone]).
   std::unique_ptr<early_offloads> share_waits_;
   std::atomic<bool> share_waits_stop_{false};
+  // A thread per device with handoff that maps received memory into offloaded DISCARD tags
+  // (Note [mapped ahead] in offload/map_ahead.hpp); with TAGMEM_HANDOFF_MAP_AHEAD=on.
+  std::unique_ptr<early_offloads> ahead_;
+  std::atomic<bool> ahead_stop_{false};
+  void start_mapping_ahead(int ordinal, device& d, handoff::service& h);
+  void map_ahead_loop(int ordinal, device& d, handoff::service& h) noexcept;
   // Throws PEER, naming the process, when a live import maps memory of one of `tags`, or
   // naming the hold when NCCL holds some (Note [nccl holds]).
   void refuse_if_imported(const meta_vector<tag*>& tags, const char* operation);

@@ -104,6 +104,20 @@ tag_data fill_tag(const std::string& tag, int count, std::size_t size, std::mt19
   return d;
 }
 
+void refill(tag_data& d, std::uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  primary_context();
+  for (std::size_t i = 0; i < d.ptrs.size(); ++i) {
+    for (std::size_t j = 0; j + 8 <= d.bytes[i].size(); j += 8) {
+      const std::uint64_t x = rng();
+      std::memcpy(&d.bytes[i][j], &x, 8);
+    }
+    driver::check(driver::api().cuMemcpyHtoD(reinterpret_cast<CUdeviceptr>(d.ptrs[i]),
+                                             d.bytes[i].data(), d.bytes[i].size()),
+                  "cuMemcpyHtoD");
+  }
+}
+
 std::size_t corrupted(const tag_data& d) {
   primary_context();
   std::size_t bad = 0;

@@ -53,6 +53,8 @@ void primary_context();
 // `count` allocations of `size` bytes in `tag` on device 0, each filled with random bytes.
 // Throws std::runtime_error with tagmem's message on failure.
 tag_data fill_tag(const std::string& tag, int count, std::size_t size, std::mt19937_64& rng);
+// New random bytes from `seed` in every allocation of `d` (the same from the same seed).
+void refill(tag_data& d, std::uint64_t seed);
 // How many allocations no longer hold their bytes.
 std::size_t corrupted(const tag_data& d);
 // fill_tag, then the tag offloaded (BACKUP) and its offload over (tagmem_wait_released). Throws

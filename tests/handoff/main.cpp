@@ -25,6 +25,9 @@ int main(int argc, char** argv) {
            (std::string(std::getenv("TAGMEM_PEER_DIR")) + "/emu-devices").c_str(), 0);
   }
   setenv("TAGMEM_HANDOFF", "on", 1);
+  // Received memory waits for the reload, which the tests check call by call; map_ahead_test.cpp
+  // turns mapping ahead on (Note [mapped ahead]) where it tests it.
+  setenv("TAGMEM_HANDOFF_MAP_AHEAD", "off", 0);
   setenv("TAGMEM_HOST_SLAB_BYTES", "16MiB", 0);  // small tags: pinning 256 MiB would dominate
   if (int rc = tagmem::preload_test::run_peer_if_asked(argc, argv); rc >= 0) return rc;
   ::testing::InitGoogleTest(&argc, argv);

@@ -36,21 +36,6 @@ tagmem_tag_stats stats_of(const char* tag) {
   return s;
 }
 
-// New random bytes from `seed` in every allocation of `d`, the same in every replica.
-void refill(tag_data& d, std::uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  primary_context();
-  for (std::size_t i = 0; i < d.ptrs.size(); ++i) {
-    for (std::size_t j = 0; j + 8 <= d.bytes[i].size(); j += 8) {
-      const std::uint64_t x = rng();
-      std::memcpy(&d.bytes[i][j], &x, 8);
-    }
-    driver::check(driver::api().cuMemcpyHtoD(reinterpret_cast<CUdeviceptr>(d.ptrs[i]),
-                                             d.bytes[i].data(), d.bytes[i].size()),
-                  "cuMemcpyHtoD");
-  }
-}
-
 // A replica: fills the tag from the seed it is sent, offloads and reloads when told, reporting
 // each outcome ("<status> <bytes this process copied out> <host bytes>").
 TAGMEM_PEER_SCENARIO(replica) {
