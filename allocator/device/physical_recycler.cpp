@@ -2,6 +2,8 @@
 // recycling] in physical_recycler.hpp).
 #include "device/physical_recycler.hpp"
 
+#include <algorithm>
+
 #include "base/error.hpp"
 #include "device/device.hpp"
 #include "device/physical_flow.hpp"
@@ -297,7 +299,7 @@ void dispose(device& dev, const physical_part& p, bool recycle) noexcept {
 
 meta_vector<physical_part> map_parts(device& dev, CUdeviceptr va, std::size_t bytes, bool recycle,
                                      physical_source* from, room_leave* room, bool access,
-                                     std::size_t most_created) {
+                                     map_limits limits) {
   const auto& api = driver::api();
   meta_vector<physical_part> parts;
   parts.reserve(1);
@@ -307,7 +309,7 @@ meta_vector<physical_part> map_parts(device& dev, CUdeviceptr va, std::size_t by
   if (from) {
     std::size_t covered = 0;
     for (const physical_part& p : parts) covered += p.size;
-    if (covered < bytes) from->take_up_to(bytes - covered, parts);
+    if (covered < bytes) from->take_up_to(std::min(bytes - covered, limits.most_received), parts);
     from_end = parts.size();
     for (std::size_t i = from_begin; i < from_end; ++i) received += parts[i].size;
   }
@@ -326,7 +328,7 @@ meta_vector<physical_part> map_parts(device& dev, CUdeviceptr va, std::size_t by
   try {
     std::size_t covered = 0;
     for (const physical_part& p : parts) covered += p.size;
-    if (bytes - covered > most_created) {  // left alone: what was taken goes back
+    if (bytes - covered > limits.most_created) {  // left alone: what was taken goes back
       undo();
       parts.clear();
       return parts;

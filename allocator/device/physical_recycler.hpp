@@ -151,12 +151,16 @@ struct room_leave {
 // and `room` allowed it may instead send one handle of `from` that the range could not use to
 // the driver, for room to create what the others do not cover, and then disallows `room`. On
 // failure nothing stays mapped or created, taken handles go back where they came from, and the
-// error is thrown. A range of which more than `most_created` bytes would have to be created is
-// left alone: what was taken goes back, nothing is mapped, and the result is empty. Needs the
-// device's context current.
+// error is thrown. `limits` bound what is taken from `from` and what is created: a range of which
+// more than `most_created` bytes would have to be created is left alone (what was taken goes
+// back, nothing is mapped, and the result is empty). Needs the device's context current.
+struct map_limits {
+  std::size_t most_received = SIZE_MAX;
+  std::size_t most_created = SIZE_MAX;
+};
 meta_vector<physical_part> map_parts(device& dev, CUdeviceptr va, std::size_t bytes, bool recycle,
                                      physical_source* from = nullptr, room_leave* room = nullptr,
-                                     bool access = true, std::size_t most_created = SIZE_MAX);
+                                     bool access = true, map_limits limits = {});
 
 // Unmaps [va, va + bytes) and disposes of its handles: kept by the recycler when `recycle`,
 // else released (a handle whose release fails goes to the release queue). Never throws: if the

@@ -36,7 +36,7 @@ void outbox::attach(std::unique_ptr<peers::unix_channel> ch) {
   sessions_.push_back(std::move(s));
 }
 
-void outbox::greet(const receiver_address& a) noexcept {
+void outbox::greet(const receiver_address& a, std::size_t offer_bytes) noexcept {
   const int fd = connect_to(a);
   if (fd < 0) {
     if (errno == ECONNREFUSED) remove_if_abandoned(a);  // EAGAIN: busy, skipped this time
@@ -44,7 +44,8 @@ void outbox::greet(const receiver_address& a) noexcept {
   }
   auto ch = std::make_unique<peers::unix_channel>(fd, "handoff taker pid " + std::to_string(a.pid));
   try {
-    ch->send(kHoffHello, encode_hello({id_.mine, 0}), {}, id_.timeout_ms, "greeting a taker");
+    ch->send(kHoffHello, encode_hello({id_.mine, offer_bytes}), {}, id_.timeout_ms,
+             "greeting a taker");
     peers::message m = ch->receive(greeting_timeout_ms(id_), "waiting for a taker's welcome");
     if (m.type == kHoffRefuse) {
       const refuse r =
@@ -84,9 +85,10 @@ void outbox::greet(const receiver_address& a) noexcept {
 }
 
 bool outbox::open(std::size_t offer_bytes) noexcept {
-  (void)offer_bytes;
   try {
-    for (const receiver_address& a : list_receivers(id_.dir, id_.me.job, id_.me.uuid)) greet(a);
+    for (const receiver_address& a : list_receivers(id_.dir, id_.me.job, id_.me.uuid)) {
+      greet(a, offer_bytes);
+    }
   } catch (const std::exception& e) {
     note(std::string("discovery-failed reason=\"") + e.what() + "\"");
   }

@@ -67,7 +67,7 @@ class outbox final : public physical_sink {
   };
   bool do_wants(std::size_t bytes) const noexcept override;
   bool do_offer(physical_part p) noexcept override;
-  void greet(const receiver_address& a) noexcept;
+  void greet(const receiver_address& a, std::size_t offer_bytes) noexcept;
   // Exports and sends `p`; false when it cannot be exported (the caller keeps it). Throws when
   // the session fails (the handle is still the caller's).
   bool send_one(session& s, physical_part p);

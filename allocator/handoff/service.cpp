@@ -167,7 +167,7 @@ void service::run() noexcept {
       attached = std::move(attached_);
     }
     if (attached) {
-      serve_giver(dev_, id_, book_, inbox_, stats_, *attached, false);
+      serve_giver(dev_, id_, book_, inbox_, stats_, *attached, false, coming_);
       continue;
     }
     inbox_.release_older_than(clock::now() - hold);  // TAGMEM_HANDOFF_HOLD_MS
@@ -187,7 +187,7 @@ void service::run() noexcept {
       const int c = ::accept4(listen_fd, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
       if (c < 0) continue;
       peers::unix_channel ch(c, "handoff giver");
-      serve_giver(dev_, id_, book_, inbox_, stats_, ch, true);
+      serve_giver(dev_, id_, book_, inbox_, stats_, ch, true, coming_);
     }
   }
 }

@@ -30,6 +30,7 @@
 // at a time, and gives back held memory whose hold ran out.
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <memory>
 #include <mutex>
@@ -66,6 +67,8 @@ class service final : public peer_memory {
   void offloaded(std::size_t bytes, std::size_t largest_span) noexcept;
   // Whether a taker's socket of this process exists now.
   bool listening() const noexcept;
+  // The bytes a giver being served is still expected to hand over (0 when none is served).
+  std::uint64_t coming() const noexcept { return coming_.load(); }
   const counters& stats() const noexcept { return stats_; }
   std::size_t held_bytes() const noexcept { return inbox_.bytes(); }
 
@@ -103,6 +106,7 @@ class service final : public peer_memory {
   bool listen_ = false;
   std::unique_ptr<peers::unix_channel> attached_;  // attach_for_test's taker side
   bool stop_ = false;
+  std::atomic<std::uint64_t> coming_{0};
   int wake_fd_ = -1;
   std::thread thread_;
 };

@@ -17,7 +17,8 @@ void note(const std::string& line) noexcept {
 }
 
 // Greets the giver; returns whether memory may come from it.
-bool welcome_giver(const identity& id, want_book& book, counters& stats, peers::unix_channel& ch) {
+bool welcome_giver(const identity& id, want_book& book, counters& stats, peers::unix_channel& ch,
+                   std::atomic<std::uint64_t>& coming) {
   peers::message m = ch.receive(id.timeout_ms, "waiting for a giver's hello");
   if (m.type != kHoffHello || !m.fds.empty()) {
     fail(TAGMEM_ERROR_PEER, ch.peer_name() + " opened with something other than a hello");
@@ -45,6 +46,7 @@ bool welcome_giver(const identity& id, want_book& book, counters& stats, peers::
             id.timeout_ms, "refusing");
     return false;
   }
+  coming = std::min<std::uint64_t>(h.offer_bytes, v.want);
   ch.send(kHoffWelcome, encode_welcome({id.mine, v.state, v.want, v.largest, v.announced_ns}), {},
           id.timeout_ms, "welcoming a giver");
   return true;
@@ -52,7 +54,8 @@ bool welcome_giver(const identity& id, want_book& book, counters& stats, peers::
 
 // Imports the handles of one GIVE that are wanted; returns how many (a prefix).
 std::uint32_t import_given(device& dev, const identity& id, want_book& book, inbox& held,
-                           counters& stats, const give& g, peers::owned_fds& fds) {
+                           counters& stats, const give& g, peers::owned_fds& fds,
+                           std::atomic<std::uint64_t>& coming) {
   const auto& api = driver::api();
   context_guard guard(dev.context());
   std::uint32_t accepted = 0;
@@ -71,6 +74,10 @@ std::uint32_t import_given(device& dev, const identity& id, want_book& book, inb
         r = CUDA_ERROR_INVALID_VALUE;  // not device memory: of no use to a reload
       }
       if (r != CUDA_SUCCESS) api.cuMemRelease(h);
+    }
+    // Before it is held: what maps held memory counts it once (Note [mapped ahead]).
+    std::uint64_t was = coming.load();
+    while (!coming.compare_exchange_weak(was, was - std::min(was, size))) {
     }
     if (r != CUDA_SUCCESS || !held.put({h, static_cast<std::size_t>(size)})) {
       if (r == CUDA_SUCCESS) api.cuMemRelease(h);
@@ -92,9 +99,13 @@ std::uint32_t import_given(device& dev, const identity& id, want_book& book, inb
 }  // namespace
 
 void serve_giver(device& dev, const identity& id, want_book& book, inbox& held, counters& stats,
-                 peers::unix_channel& ch, bool greet) noexcept {
+                 peers::unix_channel& ch, bool greet, std::atomic<std::uint64_t>& coming) noexcept {
+  struct session_end {
+    std::atomic<std::uint64_t>& coming;
+    ~session_end() { coming = 0; }
+  } end{coming};
   try {
-    if (greet && !welcome_giver(id, book, stats, ch)) return;
+    if (greet && !welcome_giver(id, book, stats, ch, coming)) return;
     for (;;) {
       peers::message m = ch.receive(id.timeout_ms, "waiting for a giver's next handles");
       if (m.type == kHoffDone && m.fds.empty()) {
@@ -109,7 +120,7 @@ void serve_giver(device& dev, const identity& id, want_book& book, inbox& held, 
       if (m.fds.size() != g.sizes.size()) {
         fail(TAGMEM_ERROR_PEER, ch.peer_name() + " gave a different number of handles and sizes");
       }
-      const std::uint32_t accepted = import_given(dev, id, book, held, stats, g, m.fds);
+      const std::uint32_t accepted = import_given(dev, id, book, held, stats, g, m.fds, coming);
       ch.send(kHoffTaken, encode_taken({g.seq, accepted, book.now().want}), {}, id.timeout_ms,
               "acknowledging handles");
     }

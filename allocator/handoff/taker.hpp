@@ -9,6 +9,9 @@
 // and what was imported stays this process's.
 #pragma once
 
+#include <atomic>
+#include <cstdint>
+
 #include "handoff/counters.hpp"
 #include "handoff/identity.hpp"
 #include "handoff/inbox.hpp"
@@ -21,8 +24,10 @@ class device;
 
 namespace tagmem::handoff {
 
-// Serves `ch` until DONE, a failure or silence; `greet`: expects a HELLO first.
+// Serves `ch` until DONE, a failure or silence; `greet`: expects a HELLO first. `coming` holds
+// the bytes still to come in this session as far as the taker knows (what the giver offers and
+// this process wants, less what arrived), 0 once it ends.
 void serve_giver(device& dev, const identity& id, want_book& book, inbox& held, counters& stats,
-                 peers::unix_channel& ch, bool greet) noexcept;
+                 peers::unix_channel& ch, bool greet, std::atomic<std::uint64_t>& coming) noexcept;
 
 }  // namespace tagmem::handoff

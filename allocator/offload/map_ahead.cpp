@@ -26,28 +26,46 @@ std::size_t creatable() noexcept {
 
 }  // namespace
 
-std::size_t map_ahead(device& dev, tag& t, physical_source& from) {
-  if (!t.offloaded() || t.mode() != TAGMEM_DISCARD || t.partial() || from.bytes() == 0) return 0;
+ahead_result map_ahead(device& dev, tag& t, physical_source& from, std::size_t coming) {
+  ahead_result out;
+  if (!t.offloaded() || t.mode() != TAGMEM_DISCARD || t.partial() || from.bytes() == 0) return out;
   context_guard guard(dev.context());
   trace::span span("map_ahead", t.name());
   physical_recycler& recycler = dev.recycler();
-  std::size_t done = 0;
+  auto wanting = [&](CUdeviceptr va, const mapping& m) {
+    return !m.resident && m.size != 0 && !recycler.parked(va);
+  };
+  std::size_t left = 0;  // bytes of the records still to map
+  for (const auto& [va, m] : t.arena().mappings()) left += wanting(va, m) ? m.size : 0;
   for (const auto& [va, m] : t.arena().mappings()) {
-    if (from.bytes() == 0) break;
-    if (m.resident || m.size == 0 || recycler.parked(va)) continue;
+    const std::size_t held = from.bytes();
+    if (held == 0) break;
+    if (!wanting(va, m)) continue;
+    // This record's share of what is held and coming (the Note).
+    const auto share = static_cast<std::size_t>(std::min<unsigned __int128>(
+        m.size, ((unsigned __int128)m.size * (held + coming) + left - 1) / left));
+    if (coming != 0 && held < share) {
+      out.waiting = true;
+      break;
+    }
+    left -= m.size;
     // Held handles must cover some of the record, and what they leave is created only with
-    // room for it.
-    const std::size_t most_created = std::min(m.size - 1, creatable());
-    meta_vector<physical_part> parts = map_parts(dev, va, m.size, /*recycle=*/false, &from, nullptr,
-                                                 /*access=*/true, most_created);
+    // room for it. A record whose share no held handle fits takes what fits in all of it.
+    map_limits limits{share, std::min(m.size - 1, creatable())};
+    meta_vector<physical_part> parts =
+        map_parts(dev, va, m.size, /*recycle=*/false, &from, nullptr, /*access=*/true, limits);
+    if (parts.empty() && share < m.size) {
+      limits.most_received = m.size;
+      parts = map_parts(dev, va, m.size, false, &from, nullptr, true, limits);
+    }
     if (parts.empty()) continue;  // left alone
     if (!recycler.park(va, m.size, parts, /*ahead=*/true)) {
       unmap_parts(dev, va, m.size, parts, false);  // no record for it: back to the driver
       continue;
     }
-    done += m.size;
+    out.mapped += m.size;
   }
-  return done;
+  return out;
 }
 
 }  // namespace tagmem

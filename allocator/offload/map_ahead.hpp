@@ -7,9 +7,13 @@
 // handoff/service.hpp). That memory arrives while the tag is still offloaded, typically while the
 // other process pauses and long before this one resumes. With TAGMEM_HANDOFF_MAP_AHEAD=on (the
 // default with handoff) a thread of the registry maps it then: each offloaded DISCARD tag's
-// records that a held handle fits in get the held handles that fit, largest first, and one new
-// handle for the rest of the record, are given access and parked with the recycler, marked as
-// mapped ahead (Note [parked mappings]). The tag's reload takes them back with no driver call at
+// records that a held handle fits in get held handles, largest first, and one new handle for the
+// rest of the record, are given access and parked with the recycler, marked as mapped ahead (Note
+// [parked mappings]). What the giver hands over (what it offered and this process wants) is
+// spread over the tag's records in proportion to their sizes, and a record is mapped once its
+// share has arrived: mapped as each handle came, the first records would be made whole and the
+// later ones get nothing (and the giver's later handles, no longer wanted, would go to the
+// driver). The tag's reload takes them back with no driver call at
 // all, and maps only the records nothing arrived for. What this changes:
 //  - the memory is the tag's before its reload. A record gets new memory (the rest beside the
 //    handed handles) only while the device has that much free and 1 GiB more, so that mapping
@@ -32,10 +36,16 @@ class device;
 class physical_source;
 class tag;
 
-// Maps what `from` holds into `t`'s records as the Note says and returns the bytes mapped ahead.
-// `t` must be an offloaded DISCARD tag of `dev` whose lock the caller holds. Stops at the first
-// record that fails (nothing of it stays mapped or taken; the error is thrown) and when `from`
-// holds nothing that fits what is left. Needs nothing current: it makes the context current.
-std::size_t map_ahead(device& dev, tag& t, physical_source& from);
+// Maps what `from` holds into `t`'s records as the Note says. `coming`: the bytes still expected
+// from the giver being served (0: none). `t` must be an offloaded DISCARD tag of `dev` whose lock
+// the caller holds (any other tag is left alone). Stops at the first record that fails (nothing
+// of it stays mapped or taken; the error is thrown), when `from` holds nothing, and at the first
+// record whose share has not all arrived while more is coming (`waiting`). Makes the device's
+// context current.
+struct ahead_result {
+  std::size_t mapped = 0;  // bytes of the records mapped ahead
+  bool waiting = false;    // stopped for memory still coming
+};
+ahead_result map_ahead(device& dev, tag& t, physical_source& from, std::size_t coming);
 
 }  // namespace tagmem

@@ -33,21 +33,25 @@ void registry::start_mapping_ahead(int ordinal, device& d, handoff::service& h) 
 
 void registry::map_ahead_loop(int ordinal, device& d, handoff::service& h) noexcept {
   using clock = std::chrono::steady_clock;
+  using std::chrono::milliseconds;
   physical_source& held = h.held();
-  const auto hold = std::chrono::milliseconds(cfg_.handoff_hold_ms);
+  const auto hold = milliseconds(cfg_.handoff_hold_ms);
   std::uint64_t seen = held.arrivals();
   // A tag that was busy (its lock held: an operation on it, or a brief look at it) is tried
   // again at the next few ticks, not forever: trying takes and puts back what is held.
   int retries = 0;
+  bool waiting = false;  // a record waits for the rest of its share (map_ahead)
   while (!ahead_stop_.load() && !g_exiting.load()) {
     const auto now = clock::now();
     // TAGMEM_HANDOFF_HOLD_MS, as for the memory held unmapped.
     std::size_t changed = d.recycler().release_ahead_before(now - hold, d.releases());
-    const bool arrived = h.wait_for_more(now + std::chrono::milliseconds(100), seen);
-    if (!arrived && retries == 0 && changed == 0) continue;
+    const bool arrived = h.wait_for_more(now + milliseconds(waiting ? 2 : 100), seen);
+    const std::uint64_t coming = h.coming();
+    if (!arrived && retries == 0 && changed == 0 && !(waiting && coming == 0)) continue;
     seen = held.arrivals();
     retries = arrived ? 3 : retries - (retries > 0);
     bool busy = false;
+    waiting = false;
     if (held.bytes() != 0) {
       try {
         for (tag* t : tags(ordinal)) {
@@ -56,7 +60,9 @@ void registry::map_ahead_loop(int ordinal, device& d, handoff::service& h) noexc
             busy = true;
             continue;
           }
-          changed += map_ahead(d, *t, held);
+          const ahead_result r = map_ahead(d, *t, held, coming);
+          changed += r.mapped;
+          waiting |= r.waiting;
         }
       } catch (const std::exception& e) {  // what failed is left for the reload to map
         if (logging(log_level::info)) log_line(std::string("mapping ahead: ") + e.what());

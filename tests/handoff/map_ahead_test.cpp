@@ -1,7 +1,8 @@
 // map_ahead_test.cpp — memory handed to a process whose DISCARD tag is offloaded is mapped into
 // that tag as it arrives, and the tag's reload takes it back with no driver call (Note [mapped
 // ahead] in allocator/offload/map_ahead.hpp). The givers are meet_test.cpp's `discard_giver` and
-// wait_test.cpp's `resident_giver`: processes that offload a DISCARD tag of two 30 MiB mappings.
+// wait_test.cpp's `resident_giver` (processes that offload a DISCARD tag of two 30 MiB mappings)
+// and overlap_test.cpp's `overlap_trainer`.
 #include <gtest/gtest.h>
 
 #include <cstdlib>
@@ -67,7 +68,7 @@ class HandoffMapAhead : public map_ahead_test, public ::testing::WithParamInterf
   }
 };
 
-// kv mappings of 40 MiB: each 30 MiB handle leaves 10 MiB to create.
+// kv mappings larger than the handles handed over: some of each is created.
 class HandoffMapAheadRoom : public map_ahead_test {
  protected:
   void SetUp() override {
@@ -164,6 +165,34 @@ TEST_F(HandoffMapAheadRoom, NoRoomForTheRestLeavesTheHandlesHeld) {
   EXPECT_EQ(handoff_stats().mapped_received_bytes, 2 * kPiece);
   refill(kv, rng());
   EXPECT_EQ(corrupted(kv), 0u);
+}
+
+// Fewer handed bytes than the kv cache maps: they are spread over its mappings, so that every
+// mapping gets some (and the rest is made beside them) rather than the first ones all of it and
+// the others none. The giver is overlap_test.cpp's trainer: four 16 MiB mappings, resident, then
+// paused (BACKUP); the kv cache has two mappings of 64 MiB.
+TEST_F(HandoffMapAheadRoom, FewerHandedBytesReachEveryMapping) {
+  size_ = 64 * MiB;
+  init();
+  std::mt19937_64 rng(seed_);
+  tag_data kv = offloaded_kv(rng);
+  peer_process trainer("overlap_trainer", "t");
+  trainer.channel().send(std::to_string(seed_ + 1) + " 4 16 0");
+  ASSERT_EQ(trainer.channel().receive(), "ready");
+  trainer.channel().send("pause");
+  EXPECT_EQ(trainer.channel().receive(), "paused given " + std::to_string(64 * MiB));
+  ASSERT_TRUE(eventually([&] { return all_mapped_ahead(); }))
+      << "held " << handoff_stats().held_bytes << " parked " << kv_stats().parked_bytes;
+  EXPECT_EQ(handoff_stats().mapped_received_bytes, 64 * MiB);
+  const driver_calls before;
+  ASSERT_EQ(tagmem_reload(&kKv, 1, 0), TAGMEM_SUCCESS) << tagmem_last_error();
+  EXPECT_EQ(driver_calls(), before);
+  refill(kv, rng());
+  EXPECT_EQ(corrupted(kv), 0u);
+  trainer.channel().send("resume");
+  EXPECT_EQ(trainer.channel().receive(), "intact");
+  trainer.channel().send("exit");
+  EXPECT_EQ(trainer.wait(), 0);
 }
 
 }  // namespace
