@@ -129,7 +129,9 @@ typedef struct tagmem_tag_stats {
   size_t parked_bytes;         /* of an offloaded tag: physical device memory still mapped at its
                                   addresses, not counted in mapped_bytes (a DISCARD offload with
                                   TAGMEM_RECYCLE_PHYSICAL=keep parks its mappings until a reload
-                                  takes them back or tagmem needs the memory elsewhere) */
+                                  takes them back or tagmem needs the memory elsewhere; with
+                                  handoff, memory handed over while a DISCARD tag is offloaded is
+                                  mapped into it ahead of its reload: TAGMEM_HANDOFF_MAP_AHEAD) */
 } tagmem_tag_stats;
 
 typedef struct tagmem_device_stats {
