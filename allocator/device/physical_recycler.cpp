@@ -253,11 +253,6 @@ std::size_t physical_recycler::parked_bytes() const noexcept {
   return parked_bytes_;
 }
 
-std::size_t physical_recycler::ahead_bytes() const noexcept {
-  std::lock_guard lock(mutex_);
-  return ahead_bytes_;
-}
-
 namespace {
 
 // cuMemCreate of `bytes`; when the device is out of memory, kept handles and pending releases go

@@ -91,7 +91,6 @@ class physical_recycler {
   // Kept bytes, parked ones included.
   std::size_t bytes() const noexcept;
   std::size_t parked_bytes() const noexcept;
-  std::size_t ahead_bytes() const noexcept;  // parked ahead
   bool parked(CUdeviceptr va) const noexcept {
     std::lock_guard lock(mutex_);
     return parked_.count(va) != 0;

@@ -54,8 +54,8 @@ claim get_claim(peers::wire_reader& r);
 
 struct hello {
   claim from;
-  std::uint64_t offer_bytes =
-      0;  // what the giver's offload unmaps (the taker's estimate of what comes)
+  // What the giver's offload unmaps (the taker's estimate of what comes).
+  std::uint64_t offer_bytes = 0;
 };
 std::string encode_hello(const hello& h);
 // The version, read first and alone, so that another build is named as such.

@@ -75,10 +75,9 @@ std::uint32_t import_given(device& dev, const identity& id, want_book& book, inb
       }
       if (r != CUDA_SUCCESS) api.cuMemRelease(h);
     }
-    // Before it is held: what maps held memory counts it once (Note [mapped ahead]).
-    std::uint64_t was = coming.load();
-    while (!coming.compare_exchange_weak(was, was - std::min(was, size))) {
-    }
+    // Before it is held, so that what maps held memory counts it once (Note [mapped ahead]);
+    // only this thread writes `coming`.
+    coming = coming - std::min<std::uint64_t>(coming, size);
     if (r != CUDA_SUCCESS || !held.put({h, static_cast<std::size_t>(size)})) {
       if (r == CUDA_SUCCESS) api.cuMemRelease(h);
       book.untake(size);

@@ -1,26 +1,18 @@
 // registry_map_ahead.cpp — the thread that maps received memory into offloaded DISCARD tags
 // (Note [mapped ahead] in offload/map_ahead.hpp).
-#include <atomic>
 #include <chrono>
-#include <cstdlib>
-#include <mutex>
 
+#include "base/exit_flag.hpp"
 #include "observe/log.hpp"
 #include "offload/map_ahead.hpp"
 #include "registry/registry.hpp"
 
 namespace tagmem {
-namespace {
-
-// Set when the process exits: the thread stops at once rather than map during exit (the atexit
-// handler of early_offloads, registered before this one, runs after it and joins the thread).
-std::atomic<bool> g_exiting{false};
-std::once_flag g_exit_hook;
-
-}  // namespace
 
 void registry::start_mapping_ahead(int ordinal, device& d, handoff::service& h) {
-  std::call_once(g_exit_hook, [] { std::atexit([] { g_exiting = true; }); });
+  // The thread stops at exit rather than map during it (early_offloads's handler, registered
+  // with ahead_, joins it afterwards).
+  watch_exit();
   try {
     ahead_->start(ordinal, [this, ordinal, &d, &h](const auto& queued) {
       queued();  // start() returns at once: the thread runs until stopped
@@ -41,7 +33,7 @@ void registry::map_ahead_loop(int ordinal, device& d, handoff::service& h) noexc
   // again at the next few ticks, not forever: trying takes and puts back what is held.
   int retries = 0;
   bool waiting = false;  // a record waits for the rest of its share (map_ahead)
-  while (!ahead_stop_.load() && !g_exiting.load()) {
+  while (!ahead_stop_.load() && !exiting()) {
     const auto now = clock::now();
     // TAGMEM_HANDOFF_HOLD_MS, as for the memory held unmapped.
     std::size_t changed = d.recycler().release_ahead_before(now - hold, d.releases());

@@ -16,6 +16,7 @@
 #include <thread>
 
 #include "base/error.hpp"
+#include "base/exit_flag.hpp"
 #include "driver/context_guard.hpp"
 #include "driver/driver.hpp"
 #include "observe/log.hpp"
@@ -26,10 +27,6 @@
 
 namespace tagmem {
 namespace {
-
-// Set when the process exits: a waiter stops at once instead of holding exit() for the bound.
-std::atomic<bool> g_exiting{false};
-std::once_flag g_exit_hook;
 
 // Whether process `pid` still runs (a zombie, not yet reaped by its parent, has died).
 bool alive(pid_t pid) noexcept {
@@ -215,13 +212,13 @@ bool offload_alone(device& dev, tag& t, host_store& store, const config& cfg) {
 
 void wait_for_shares(device& dev, tag& t, host_store& store, const config& cfg, int timeout_ms,
                      const std::atomic<bool>& stop) {
-  std::call_once(g_exit_hook, [] { std::atexit([] { g_exiting = true; }); });
+  watch_exit();  // a waiter stops at exit instead of holding exit() for the bound
   const shared_buffer* copy = nullptr;
   std::uint32_t g = 0;
   const auto deadline =
       std::chrono::steady_clock::now() + std::chrono::milliseconds(std::max(timeout_ms, 0));
   int seen = -1;  // shares written when the mappings were last looked at
-  for (unsigned tick = 0; !stop.load() && !g_exiting.load(); ++tick) {
+  for (unsigned tick = 0; !stop.load() && !exiting(); ++tick) {
     if (tick) std::this_thread::sleep_for(std::chrono::milliseconds(1));
     std::lock_guard lock(t.mutex());
     replication* rep = replication_of(t);
