@@ -168,10 +168,25 @@ tag_data offloaded_backup(const std::string& tag, int count, std::size_t size,
   return d;
 }
 
+void discard_giver_hands_over(std::uint64_t seed) {
+  peer_process giver("discard_giver", "g");
+  giver.channel().send(std::to_string(seed));
+  giver.channel().send("offload");
+  EXPECT_EQ(giver.channel().receive(),
+            "given " + std::to_string(2 * kPiece) + " refused 0 leaks '' fds same");
+  EXPECT_EQ(giver.wait(), 0);
+}
+
 tagmem_status init_with(const char* name, const char* value) {
+  const char* was = std::getenv(name);
+  const std::string before = was ? was : "";
   setenv(name, value, 1);
   const tagmem_status s = tagmem_init(nullptr);
-  unsetenv(name);
+  if (was) {  // as it was: main.cpp sets some for every test
+    setenv(name, before.c_str(), 1);
+  } else {
+    unsetenv(name);
+  }
   return s;
 }
 

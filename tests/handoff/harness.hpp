@@ -62,7 +62,12 @@ std::size_t corrupted(const tag_data& d);
 tag_data offloaded_backup(const std::string& tag, int count, std::size_t size,
                           std::mt19937_64& rng);
 
-// tagmem_init with the environment variable `name` set to `value` for that call only.
+// Runs meet_test.cpp's `discard_giver` with `seed`: it offloads its 60 MiB DISCARD tag, all of it
+// handed over, and leaves nothing behind; returns once it exited (failures are the test's).
+void discard_giver_hands_over(std::uint64_t seed);
+
+// tagmem_init with the environment variable `name` set to `value` for that call only (then as it
+// was before).
 tagmem_status init_with(const char* name, const char* value);
 
 // Throws std::runtime_error naming `what` and tagmem's message unless `s` is TAGMEM_SUCCESS.
