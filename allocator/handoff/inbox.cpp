@@ -1,6 +1,8 @@
 // inbox.cpp — received handles held for a reload (see header).
 #include "handoff/inbox.hpp"
 
+#include <unistd.h>
+
 #include <iterator>
 
 #include "device/device.hpp"
@@ -13,13 +15,18 @@ inbox::~inbox() {
   release_if([](std::size_t, const item&) { return true; });
 }
 
-bool inbox::put(physical_part p) noexcept {
-  if (!do_put_back(p)) return false;
+bool inbox::put(physical_part p, int fd) noexcept {
+  if (fd >= 0 && !received_fds::keep(p.handle, fd)) ::close(fd);  // it cannot be handed on
+  if (!do_put_back(p)) {
+    received_fds::forget(p.handle);
+    return false;
+  }
   {
     std::lock_guard lock(mutex_);
     ++arrivals_;
   }
   arrived_.notify_all();
+  if (const arrival_observer* o = observer_.load()) o->fn(p.handle, o->arg);
   return true;
 }
 

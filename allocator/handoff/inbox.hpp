@@ -7,6 +7,7 @@
 // device memory outside a reload. The mutex is a leaf.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <map>
@@ -29,8 +30,19 @@ class inbox final : public physical_source {
   inbox(const inbox&) = delete;
   inbox& operator=(const inbox&) = delete;
 
-  // Keeps a received handle; false (keeping nothing) when its record cannot be made.
-  bool put(physical_part p) noexcept;
+  // Keeps a received handle and `fd`, the descriptor it came with (-1: none; owned from now on,
+  // closed whatever the outcome when not kept). The descriptor is recorded (received_fds) before
+  // the handle can be taken: a reload or the mapping-ahead thread may take it, map it and release
+  // it at once, and that release must close the descriptor, not find it unrecorded and leave it
+  // open for ever. False (keeping nothing, the handle still the caller's) when no record can be
+  // made.
+  bool put(physical_part p, int fd) noexcept;
+  // Tests only: `fn(handle, arg)` runs on the thread of put() as soon as the handle can be taken.
+  struct arrival_observer {
+    void (*fn)(CUmemGenericAllocationHandle, void*);
+    void* arg;
+  };
+  void observe_arrivals(const arrival_observer* o) noexcept { observer_.store(o); }
   // To the release queue: handles held since before `cutoff` / larger than `largest` (0: all).
   void release_older_than(clock::time_point cutoff) noexcept;
   void release_larger_than(std::size_t largest) noexcept;
@@ -64,6 +76,7 @@ class inbox final : public physical_source {
   held_map held_;
   std::size_t bytes_ = 0;
   std::uint64_t arrivals_ = 0;
+  std::atomic<const arrival_observer*> observer_{nullptr};
 };
 
 }  // namespace tagmem::handoff

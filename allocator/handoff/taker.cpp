@@ -1,10 +1,9 @@
 // taker.cpp — importing what a giver hands over (see header).
 #include "handoff/taker.hpp"
 
-#include <unistd.h>
+#include <algorithm>
 
 #include "device/device.hpp"
-#include "device/received_fds.hpp"
 #include "driver/driver.hpp"
 #include "observe/log.hpp"
 #include "peers/messages.hpp"
@@ -78,15 +77,14 @@ std::uint32_t import_given(device& dev, const identity& id, want_book& book, inb
     // Before it is held, so that what maps held memory counts it once (Note [mapped ahead]);
     // only this thread writes `coming`.
     coming = coming - std::min<std::uint64_t>(coming, size);
-    if (r != CUDA_SUCCESS || !held.put({h, static_cast<std::size_t>(size)})) {
+    // The descriptor stays with the handle, so that the memory can be handed on (Note [one hop]);
+    // the inbox records it before the handle can be taken.
+    if (r != CUDA_SUCCESS || !held.put({h, static_cast<std::size_t>(size)}, fds.take(i))) {
       if (r == CUDA_SUCCESS) api.cuMemRelease(h);
       book.untake(size);
       note("import-failed error=" + driver::describe(r));
       break;
     }
-    // The descriptor stays with the handle, so that the memory can be handed on (Note [one hop]).
-    const int fd = fds.take(i);
-    if (!received_fds::keep(h, fd)) ::close(fd);
     stats.received_bytes += size;
     ++stats.received_handles;
     ++accepted;

@@ -22,16 +22,6 @@ tagmem_tag_stats kv_stats() {
   return s;
 }
 
-// The giver's 60 MiB handed over; returns once it exited.
-void hand_over(std::uint64_t seed) {
-  peer_process giver("discard_giver", "g");
-  giver.channel().send(std::to_string(seed));
-  giver.channel().send("offload");
-  EXPECT_EQ(giver.channel().receive(),
-            "given " + std::to_string(2 * kPiece) + " refused 0 leaks '' fds same");
-  EXPECT_EQ(giver.wait(), 0);
-}
-
 struct driver_calls {
   std::uint64_t creates = emu_calls("cuMemCreate"), maps = emu_calls("cuMemMap"),
                 access = emu_calls("cuMemSetAccess");
@@ -85,7 +75,7 @@ TEST_P(HandoffMapAhead, TheKvReloadTakesItBackWithNoDriverCall) {
   init();
   std::mt19937_64 rng(seed_);
   tag_data kv = offloaded_kv(rng);
-  hand_over(seed_ + 1);
+  discard_giver_hands_over(seed_ + 1);
   ASSERT_TRUE(eventually([&] { return all_mapped_ahead(); }))
       << "held " << handoff_stats().held_bytes << " parked " << kv_stats().parked_bytes;
   EXPECT_EQ(kv_stats().mapped_bytes, 0u);  // offloaded all along
@@ -107,7 +97,7 @@ TEST_P(HandoffMapAhead, AnotherTagsReloadLeavesIt) {
   std::mt19937_64 rng(seed_);
   tag_data w = offloaded_backup("w", 2, kPiece, rng);
   tag_data kv = offloaded_kv(rng);
-  hand_over(seed_ + 1);
+  discard_giver_hands_over(seed_ + 1);
   ASSERT_TRUE(eventually([&] { return all_mapped_ahead(); }));
   const char* w_tag = "w";
   ASSERT_EQ(tagmem_reload(&w_tag, 1, 0), TAGMEM_SUCCESS) << tagmem_last_error();
@@ -127,7 +117,7 @@ TEST_P(HandoffMapAhead, NotReloadedItGoesBackAfterTheHold) {
   init("300");
   std::mt19937_64 rng(seed_);
   tag_data kv = offloaded_kv(rng);
-  hand_over(seed_ + 1);
+  discard_giver_hands_over(seed_ + 1);
   // Mapped ahead, then given back: the device empty (the giver has exited).
   ASSERT_TRUE(eventually([&] {
     return kv_stats().parked_bytes == 0 && handoff_stats().held_bytes == 0 &&

@@ -165,14 +165,7 @@ TEST_F(HandoffMeet, OffloadedPeerTakesHandlesItsSpanCanMapBeforeItReloads) {
   tag_data w = fill_tag("w", 4, 16 * MiB, rng);
   const char* w_tag = "w";
   ASSERT_EQ(tagmem_offload(&w_tag, 1, 0, TAGMEM_BACKUP), TAGMEM_SUCCESS) << tagmem_last_error();
-  {
-    peer_process giver("discard_giver", "g");
-    giver.channel().send(std::to_string(seed_ + 1));
-    giver.channel().send("offload");
-    EXPECT_EQ(giver.channel().receive(),
-              "given " + std::to_string(2 * kPiece) + " refused 0 leaks '' fds same");
-    EXPECT_EQ(giver.wait(), 0);
-  }
+  discard_giver_hands_over(seed_ + 1);
   EXPECT_EQ(handoff_stats().held_bytes, 2 * kPiece);
   ASSERT_EQ(tagmem_reload(&w_tag, 1, 0), TAGMEM_SUCCESS) << tagmem_last_error();
   EXPECT_EQ(corrupted(w), 0u);

@@ -124,7 +124,7 @@ class arriving_late final : public physical_source {
  private:
   void do_take_up_to(std::size_t bytes, meta_vector<physical_part>& out) override {
     held_.take_up_to(bytes, out);
-    if (late_.handle != 0 && held_.put(late_)) late_ = {};
+    if (late_.handle != 0 && held_.put(late_, -1)) late_ = {};
   }
   bool do_put_back(const physical_part& p) noexcept override { return held_.put_back(p); }
   void do_mapped(std::size_t bytes) noexcept override { held_.mapped(bytes); }
