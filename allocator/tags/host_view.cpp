@@ -22,6 +22,13 @@ host_span backup_span(tag& t, CUdeviceptr address, CUdeviceptr end, bool writabl
         kept && !writable, TAGMEM_ERROR_TAG_RESIDENT,
         "tagmem_host_view: tag '" + name + "' is resident: its bytes are on the device" + why);
   } else {
+    // Before the partial test: offloaded alone, a replica keeps mapped what lies in shares the
+    // others have not written yet, and the answer must not depend on how far they have got.
+    TAGMEM_EXPECTS(!t.replication() || t.mode() != TAGMEM_BACKUP || !t.pieces().empty(),
+                   TAGMEM_ERROR_TAG_OFFLOADED,
+                   "tagmem_host_view: tag '" + name +
+                       "' is offloaded through its replicas' shared host copy, which host views "
+                       "do not read");
     TAGMEM_EXPECTS(!t.partial(), TAGMEM_ERROR_TAG_RESIDENT,
                    "tagmem_host_view: tag '" + name +
                        "' is only partly offloaded: some of its bytes are on the device");
@@ -29,11 +36,6 @@ host_span backup_span(tag& t, CUdeviceptr address, CUdeviceptr end, bool writabl
   TAGMEM_EXPECTS(
       t.mode() == TAGMEM_BACKUP, TAGMEM_ERROR_TAG_OFFLOADED,
       "tagmem_host_view: tag '" + name + "' was offloaded with TAGMEM_DISCARD: no bytes were kept");
-  TAGMEM_EXPECTS(!t.offloaded() || !t.replication() || !t.pieces().empty(),
-                 TAGMEM_ERROR_TAG_OFFLOADED,
-                 "tagmem_host_view: tag '" + name +
-                     "' is offloaded through its replicas' shared host copy, which host views do "
-                     "not read");
   const auto& pieces = t.pieces();
   auto after = std::upper_bound(pieces.begin(), pieces.end(), address,
                                 [](CUdeviceptr a, const backup_piece& p) { return a < p.dev; });

@@ -347,6 +347,12 @@ TEST_F(Replica, OneAfterTheOther) {
   EXPECT_EQ(s.bytes_offloaded - moved, run() / 2) << "rank 0 did not copy only its share";
   EXPECT_EQ(s.mapped_bytes, run()) << "the one mapping holds rank 1's share: it waits";
   EXPECT_EQ(s.host_bytes, run() + kHeader);
+  // Still mapped for rank 1's share, the tag is offloaded through the shared copy all the same:
+  // a host view is refused as such, not as a resident tag's.
+  void* view = nullptr;
+  std::size_t viewed = 0;
+  EXPECT_EQ(tagmem_host_view(mine_.ptrs[0], 0, &view, &viewed), TAGMEM_ERROR_TAG_OFFLOADED)
+      << tagmem_last_error();
   peer(1).channel().send("offload");
   const report a = answer(1);
   ASSERT_EQ(a.status, TAGMEM_SUCCESS);
