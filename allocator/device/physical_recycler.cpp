@@ -11,6 +11,7 @@
 #include "device/release_clock.hpp"
 #include "device/release_queue.hpp"
 #include "driver/driver.hpp"
+#include "observe/trace.hpp"
 
 namespace tagmem {
 
@@ -261,6 +262,7 @@ namespace {
 // of them that this range could not use goes, for room to create the part the others leave.
 CUmemGenericAllocationHandle create(device& dev, std::size_t bytes, physical_source* from,
                                     room_leave* room) {
+  trace::span span("create", nullptr, bytes);  // within its map's span: what a run created
   const auto& api = driver::api();
   CUmemGenericAllocationHandle handle = 0;
   CUresult r = api.cuMemCreate(&handle, bytes, &dev.allocation_prop(), 0);
