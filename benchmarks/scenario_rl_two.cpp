@@ -28,7 +28,8 @@
 // overlapped (max(B_in/H2D, B_out/D2H, (B_in + B_out)/bidir, and, when B_in > F + D, (B_in - F -
 // D)/D2H + min(P, B_in)/H2D); B: BACKUP bytes, D: DISCARD bytes handed at once, F: free device
 // memory at the switch start, P: the largest mapping, TAGMEM_MAX_MAPPING_BYTES's default). A thread
-// of the runner samples free device memory throughout; its minimum is reported.
+// of the runner samples free device memory throughout; its minimum is reported. To try a setting
+// in one side only: RL_TWO_TRAINER_SET / RL_TWO_ENGINE_SET="NAME=value ..." (apply_side_settings).
 #include <fcntl.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -137,6 +138,23 @@ std::string kv_reply(const side& s) {
   return "ok " + std::to_string(s.kv_resume[0]) + " " + std::to_string(median(rest));
 }
 
+// RL_TWO_TRAINER_SET / RL_TWO_ENGINE_SET ("NAME=value NAME=value"): settings for that side only,
+// to try one in one process of the pair (the runner's environment reaches both children).
+void apply_side_settings(const std::string& role) {
+  const std::string name = role == "engine" ? "RL_TWO_ENGINE_SET" : "RL_TWO_TRAINER_SET";
+  const char* list = std::getenv(name.c_str());
+  for (std::string rest = list ? list : ""; !rest.empty();) {
+    const std::size_t space = rest.find(' ');
+    const std::string item = rest.substr(0, space);
+    rest = space == std::string::npos ? "" : rest.substr(space + 1);
+    const std::size_t eq = item.find('=');
+    if (item.empty()) continue;
+    if (eq == std::string::npos || eq == 0)
+      throw std::runtime_error(name + ": not NAME=value: " + item);
+    setenv(item.substr(0, eq).c_str(), item.substr(eq + 1).c_str(), 1);
+  }
+}
+
 }  // namespace
 
 int run_rl_role(env& e, const std::string& role) {
@@ -145,6 +163,7 @@ int run_rl_role(env& e, const std::string& role) {
   side s;
   int round = 0;
   try {
+    apply_side_settings(role);
     session tm;
     const auto sizes = weights_sizes(e.opt.scale);
     s.engine = role == "engine";
