@@ -54,6 +54,9 @@ class device {
   // Whether the setting and the release clock want the copy kernel now (a reload that has it
   // gives it no more pieces once this turns false).
   bool copy_kernel_wanted() const noexcept;
+  // The copy kernel when it is loaded (TAGMEM_COPY_KERNEL not `off`), wanted now or not: a
+  // reload also gives it pieces while a copy engine's lane is stalled (copy_queue.hpp).
+  kernel_copy* copy_kernel() noexcept { return kernel_.stream() != nullptr ? &kernel_ : nullptr; }
   // Waits for all of them (and the copy kernel's stream), also after one fails; returns the
   // first failure / throws it.
   CUresult wait_copy_streams() noexcept;

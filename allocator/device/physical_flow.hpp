@@ -100,6 +100,8 @@ class peer_memory {
   void waited(std::chrono::nanoseconds how_long, bool timed_out) noexcept {
     do_waited(how_long, timed_out);
   }
+  // Whether a process of the job is handing memory to this one now: it is offloading.
+  bool giving_now() const noexcept { return do_giving_now(); }
 
  protected:
   ~peer_memory() = default;
@@ -115,6 +117,7 @@ class peer_memory {
   virtual bool do_wait_for_more(std::chrono::steady_clock::time_point until,
                                 std::uint64_t arrivals_seen) noexcept = 0;
   virtual void do_waited(std::chrono::nanoseconds how_long, bool timed_out) noexcept = 0;
+  virtual bool do_giving_now() const noexcept = 0;
 };
 
 }  // namespace tagmem

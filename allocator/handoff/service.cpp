@@ -166,7 +166,14 @@ void service::run() noexcept {
       if (listener_) listen_fd = listener_->fd();
       attached = std::move(attached_);
     }
+    // While a giver's session is open, giving_now() (a reload may then copy with the kernel).
+    struct serving {
+      std::atomic<bool>& flag;
+      explicit serving(std::atomic<bool>& f) : flag(f) { flag = true; }
+      ~serving() { flag = false; }
+    };
     if (attached) {
+      serving on(serving_);
       serve_giver(dev_, id_, book_, inbox_, stats_, *attached, false, coming_);
       continue;
     }
@@ -187,6 +194,7 @@ void service::run() noexcept {
       const int c = ::accept4(listen_fd, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
       if (c < 0) continue;
       peers::unix_channel ch(c, "handoff giver");
+      serving on(serving_);
       serve_giver(dev_, id_, book_, inbox_, stats_, ch, true, coming_);
     }
   }

@@ -41,6 +41,7 @@
 #include <algorithm>
 #include <chrono>
 #include <exception>
+#include <thread>
 
 #include "driver/driver.hpp"
 #include "observe/trace.hpp"
@@ -68,11 +69,7 @@ std::size_t largest_span(const incoming& in, std::size_t from) {
 class pipeline {
  public:
   pipeline(device& dev, tagmem_offload_mode mode, host_store& store, const config& cfg)
-      : dev_(dev),
-        mode_(mode),
-        store_(store),
-        cfg_(cfg),
-        copies_(dev, h2d_lanes::share_with_kernel) {}
+      : dev_(dev), mode_(mode), store_(store), cfg_(cfg), copies_(dev, h2d_lanes::by_room) {}
   pipeline(const pipeline&) = delete;
   pipeline& operator=(const pipeline&) = delete;
 
@@ -156,7 +153,15 @@ bool pipeline::unmap_next(pending_copies pending) {
   const auto& api = driver::api();
   for (; o.waited < m.pieces_end; ++o.waited) {
     CUevent e = o.done[o.waited];
-    if (pending == pending_copies::wait) {
+    if (pending == pending_copies::wait && copies_.pieces_waiting()) {
+      // The in-side's pieces waiting for a lane go on while this waits (copy_queue.hpp).
+      CUresult r;
+      while ((r = api.cuEventQuery(e)) == CUDA_ERROR_NOT_READY) {
+        copies_.pump();
+        std::this_thread::yield();
+      }
+      driver::check(r, "cuEventQuery");
+    } else if (pending == pending_copies::wait) {
       TAGMEM_CU(cuEventSynchronize, e);
     } else {
       CUresult r = api.cuEventQuery(e);
@@ -367,6 +372,15 @@ void pipeline::queue_in_copies(incoming& in, CUdeviceptr mapped_end) {
 void pipeline::finish_ins() {
   if (ins_.empty()) return;
   std::size_t good = in_at_;
+  // Note [a stalled stream] in copy_queue.hpp: every run is mapped and only copies are left. If
+  // another process of the job is still offloading into this reload, its copies and ours share
+  // the link, and a copy stream that stalls loses the reload its share: the kernel takes pieces
+  // then. Not before: while a reload still waits for memory, its pace is the other process's
+  // copies, which the kernel's reads would slow. Nor in a job whose offloads return early
+  // (TAGMEM_OFFLOAD_RETURN=queued, set alike in its processes): there the switch into the
+  // engine lost more than the switch into the trainer gained (docs/handoff.md).
+  copies_.kernel_on_stall(!cfg_.offload_return_queued && dev_.peers() != nullptr &&
+                          dev_.peers()->giving_now());
   try {
     copies_.finish();
   } catch (...) {  // which copy failed is unknown: no in-tag is trusted
@@ -503,8 +517,16 @@ bool pipeline::wait_for_peers(const error& why) {
 
 void pipeline::wait_for_peers_step() noexcept {
   short_ = false;
-  const auto tick = std::chrono::steady_clock::now() + std::chrono::milliseconds(20);
-  dev_.peers()->wait_for_more(std::min(tick, wait_until_), room_.arrivals_seen);
+  using std::chrono::steady_clock;
+  const auto tick = std::min(steady_clock::now() + std::chrono::milliseconds(20), wait_until_);
+  // The runs mapped so far have pieces waiting for a lane: they go on copying meanwhile.
+  while (copies_.pieces_waiting()) {
+    const auto slice = std::min(tick, steady_clock::now() + std::chrono::microseconds(500));
+    if (dev_.peers()->wait_for_more(slice, room_.arrivals_seen)) return;
+    copies_.pump();
+    if (slice == tick) return;
+  }
+  dev_.peers()->wait_for_more(tick, room_.arrivals_seen);
 }
 
 // ---- the loop -----------------------------------------------------------------------------

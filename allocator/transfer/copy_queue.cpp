@@ -1,5 +1,5 @@
-// copy_queue.cpp — pieces, their round-robin over the copy streams, and the lanes that share
-// host-to-device pieces with the copy kernel (see copy_queue.hpp).
+// copy_queue.cpp — pieces, their round-robin over the copy streams, and the lanes that take
+// host-to-device pieces by room (see copy_queue.hpp).
 #include "transfer/copy_queue.hpp"
 
 #include <algorithm>
@@ -56,20 +56,23 @@ CUevent copy_queue::to_host(const backup_piece& p, const char* tag) {
   return e;
 }
 
-// The lanes are chosen once, at the first piece: a reload that starts after a release shares
-// its copies with the kernel to its end.
+// The lanes are chosen once, at the first piece: the copy streams, and the kernel's when it is
+// loaded (hand_out decides, piece by piece, whether it takes any).
 void copy_queue::choose_lanes() {
   lanes_chosen_ = true;
-  if (lanes_wanted_ != h2d_lanes::share_with_kernel) return;
-  kernel_copy* kernel = dev_.copy_kernel_now();
-  if (kernel == nullptr) return;
+  if (lanes_wanted_ != h2d_lanes::by_room) return;
+  kernel_copy* kernel = dev_.copy_kernel();
   const std::size_t engines = dev_.copy_stream_count();
-  lanes_.resize(engines + 1);
-  for (std::size_t i = 0; i <= engines; ++i) {
-    lanes_[i].stream = i < engines ? dev_.h2d_stream(i) : kernel->stream();
-    lanes_[i].kernel = i < engines ? nullptr : kernel;
-    lanes_[i].in_flight.reserve(lane_depth);
+  if (kernel != nullptr) {  // first: while wanted, it takes its pieces before the engines
+    lanes_.push_back({});
+    lanes_.back().stream = kernel->stream();
+    lanes_.back().kernel = kernel;
   }
+  for (std::size_t i = 0; i < engines; ++i) {
+    lanes_.push_back({});
+    lanes_.back().stream = dev_.h2d_stream(i);
+  }
+  for (lane& l : lanes_) l.in_flight.reserve(depth(l));
 }
 
 void copy_queue::to_device(const backup_piece& p, const char* tag) {
@@ -97,6 +100,11 @@ void copy_queue::retire(lane& l) {
     dev_.release_event(l.in_flight[done]);
   }
   l.in_flight.erase(l.in_flight.begin(), l.in_flight.begin() + static_cast<std::ptrdiff_t>(done));
+  if (done != 0 && l.kernel == nullptr) {
+    engine_finished_ += done;
+    l.progress = std::chrono::steady_clock::now();
+    l.others_then = engine_finished_;
+  }
   if (r != CUDA_ERROR_NOT_READY) driver::check(r, "cuEventQuery");
 }
 
@@ -106,11 +114,23 @@ void copy_queue::retire(lane& l) {
 bool copy_queue::hand_out() {
   bool handed = false;
   try {
-    const bool kernel_wanted = dev_.copy_kernel_wanted();
+    const auto now = std::chrono::steady_clock::now();
+    bool kernel_wanted = dev_.copy_kernel_wanted();
     for (lane& l : lanes_) {
       retire(l);
-      if (l.kernel != nullptr && !kernel_wanted) continue;  // the copy engines are fast again
-      while (l.in_flight.size() < lane_depth && next_waiting_ < waiting_.size()) {
+    }
+    for (const lane& l : lanes_) {  // Note [a stalled stream]
+      kernel_wanted = kernel_wanted || (kernel_on_stall_ && l.kernel == nullptr &&
+                                        !l.in_flight.empty() && now - l.progress > stall_after &&
+                                        engine_finished_ - l.others_then >= stall_pieces);
+    }
+    for (lane& l : lanes_) {
+      if (l.kernel != nullptr && !kernel_wanted) continue;  // the copy engines copy on
+      if (l.in_flight.empty()) {
+        l.progress = now;
+        l.others_then = engine_finished_;
+      }
+      while (l.in_flight.size() < depth(l) && next_waiting_ < waiting_.size()) {
         const waiting& w = waiting_[next_waiting_++];
         if (l.kernel != nullptr) {
           l.kernel->launch(w.piece.dev, w.piece.host, w.piece.bytes);
@@ -133,6 +153,14 @@ bool copy_queue::hand_out() {
     next_waiting_ = 0;
   }
   return handed;
+}
+
+void copy_queue::pump() noexcept {
+  if (failed_ || !pieces_waiting()) return;
+  try {
+    hand_out();
+  } catch (...) {  // kept in failed_
+  }
 }
 
 void copy_queue::finish() {

@@ -3,16 +3,28 @@
 // Every byte tagmem moves between a device and the pinned host store goes through here: tags'
 // offloads, reloads and swaps (offload_engine.cpp) and the pause and resume of NCCL's memory
 // (integrations/nccl). A range is cut into pieces of at most copy_piece_bytes, also where a host
-// extent ends; pieces go round-robin over the device's copy streams of their direction, so that
-// several are in flight at once, and each device-to-host piece is followed by an event, so that
-// the caller learns when the bytes under a piece are safe to unmap without waiting for the rest.
-// A queue made with h2d_lanes::share_with_kernel lets the copy kernel take host-to-device pieces
-// too, when the device offers it (Note [copy kernel] in kernel_copy.hpp): the pieces then wait
-// in the queue, and each lane (every H2D stream, and the kernel's stream) takes the next one
-// whenever it has fewer than lane_depth in flight, so a lane slowed down copies less; the kernel
-// stops taking pieces once the device no longer wants it (the release is long enough ago). The
-// queue hands pieces out when more are queued and in finish(); a caller that waits for the copy
-// streams by itself must use h2d_lanes::copy_engines.
+// extent ends; device-to-host pieces go round-robin over the device's D2H streams, so that
+// several are in flight at once, and each is followed by an event, so that the caller learns
+// when the bytes under a piece are safe to unmap without waiting for the rest.
+//
+// Host-to-device pieces go round-robin over the H2D streams too in a queue made with
+// h2d_lanes::round_robin. In one made with h2d_lanes::by_room (a reload's) they wait in the
+// queue, and each lane — every H2D stream, and the copy kernel's stream (Note [copy kernel] in
+// kernel_copy.hpp) — takes the next one whenever it has fewer than its depth in flight, so a
+// lane slowed down copies less. The kernel's lane takes pieces while the device wants it (after
+// a release) and while a copy engine's lane is stalled: Note [a stalled stream]: with another
+// process of the GPU copying device to host, a copy stream of a reload can make no progress for
+// hundreds of milliseconds (on an H100 the first piece of a reload took 498 ms while the other
+// stream copied on at 35 GB/s; docs/handoff.md, "Overlapping the two sides"), while a kernel
+// reading pinned host memory, which no copy engine schedules, copies on. A lane is stalled when
+// no piece of it has finished for stall_after while the other copy engines' lanes finished
+// stall_pieces (a lane merely slow, or a device slow for all, is not). Whether that is worth the
+// kernel is the caller's to say (kernel_on_stall): the kernel's reads take the link from the
+// other process's copies too, and one copy engine may also serve one stream's queue before
+// another's within a single process, at the link's full rate. The queue hands pieces out
+// when more are queued, at pump() and in finish(): a caller that waits for anything else while
+// pieces wait pumps, and one that waits for the copy streams by itself must use
+// h2d_lanes::round_robin.
 //
 // A queue belongs to one caller on one thread, with the device's context current; it holds no
 // lock (the streams are the device's, shared with other queues: finish() waits for theirs too).
@@ -20,7 +32,9 @@
 
 #include <cuda.h>
 
+#include <chrono>
 #include <cstddef>
+#include <cstdint>
 #include <exception>
 
 #include "device/device.hpp"
@@ -48,12 +62,12 @@ struct extent_cursor {
 void cut_pieces(CUdeviceptr at, CUdeviceptr end, extent_cursor& cursor, std::size_t piece_bytes,
                 meta_vector<backup_piece>& out);
 
-// Who copies host to device: the copy engines only, or they and the copy kernel when it helps.
-enum class h2d_lanes { copy_engines, share_with_kernel };
+// How host-to-device pieces reach the copy streams: dealt at once, or taken by lanes with room.
+enum class h2d_lanes { round_robin, by_room };
 
 class copy_queue {
  public:
-  explicit copy_queue(device& dev, h2d_lanes lanes = h2d_lanes::copy_engines) noexcept
+  explicit copy_queue(device& dev, h2d_lanes lanes = h2d_lanes::round_robin) noexcept
       : dev_(dev), lanes_wanted_(lanes) {}
   ~copy_queue();  // the events go back to the device's pool
   copy_queue(const copy_queue&) = delete;
@@ -72,14 +86,29 @@ class copy_queue {
   // must outlive the queue. Throws DRIVER (also for a piece queued earlier and handed out now).
   void to_device(const backup_piece& p, const char* tag);
 
+  // Whether a stalled copy engine's lane lets the kernel take pieces (Note [a stalled stream]):
+  // the caller's judgement, given before pieces are handed out; off at first.
+  void kernel_on_stall(bool on) noexcept { kernel_on_stall_ = on; }
+  // Whether pieces wait for a lane.
+  bool pieces_waiting() const noexcept { return next_waiting_ < waiting_.size(); }
+  // Gives waiting pieces to the lanes with room; a failure is kept for finish().
+  void pump() noexcept;
+
   // Hands out every waiting piece, then waits for every copy stream of the device, also after
   // one fails (device.hpp); throws the first failure. When it returns or throws, no copy queued
   // here is running, and none is left waiting.
   void finish();
 
-  // Pieces in flight per lane while pieces wait: enough to keep a lane busy while the caller
-  // maps the next run of a reload.
-  static constexpr std::size_t lane_depth = 4;
+  // Pieces in flight per lane while pieces wait: enough to keep the copy engines busy while the
+  // caller maps (and creates) the next run of a reload (16 × 64 MiB is about 20 ms of the link),
+  // few enough that a stalled lane holds a small part of a large reload; the kernel's lane, which
+  // takes pieces first while it is wanted, holds fewer.
+  static constexpr std::size_t engine_lane_depth = 16;
+  static constexpr std::size_t kernel_lane_depth = 4;
+  // A copy engine's lane with pieces in flight and none finished for stall_after (about eight
+  // times a 64 MiB piece at the link's rate), while the others finished stall_pieces, is stalled.
+  static constexpr std::chrono::milliseconds stall_after{10};
+  static constexpr std::uint64_t stall_pieces = 4;
 
  private:
   struct waiting {
@@ -88,9 +117,14 @@ class copy_queue {
   };
   struct lane {
     CUstream stream = nullptr;
-    kernel_copy* kernel = nullptr;   // null: a copy engine's stream
-    meta_vector<CUevent> in_flight;  // oldest first
+    kernel_copy* kernel = nullptr;                   // null: a copy engine's stream
+    meta_vector<CUevent> in_flight;                  // oldest first
+    std::chrono::steady_clock::time_point progress;  // a piece finished, or the first began
+    std::uint64_t others_then = 0;                   // engine_finished_ then
   };
+  static std::size_t depth(const lane& l) noexcept {
+    return l.kernel != nullptr ? kernel_lane_depth : engine_lane_depth;
+  }
   void choose_lanes();
   bool hand_out();
   void retire(lane& l);
@@ -105,7 +139,9 @@ class copy_queue {
   std::exception_ptr failed_;  // the first failure to hand out a piece; finish() throws it
   meta_vector<CUevent> events_;
   std::size_t next_d2h_ = 0, next_h2d_ = 0;
+  std::uint64_t engine_finished_ = 0;  // pieces finished on copy engines' lanes
   bool d2h_one_stream_ = false;
+  bool kernel_on_stall_ = false;
 };
 
 }  // namespace tagmem

@@ -15,8 +15,10 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstring>
 #include <memory>
+#include <mutex>
 #include <thread>
 #include <vector>
 
@@ -32,6 +34,19 @@ namespace tagmem::emu {
 namespace {
 
 std::atomic<uint64_t> bytes_per_second{0};  // 0: unlimited
+
+// tagmem_emu_hold_next_h2d_copy: whether the next host-to-device copy waits, and the gate it
+// waits at.
+struct copy_hold {
+  std::atomic<bool> armed{false};
+  std::mutex mutex;
+  std::condition_variable opened;
+  bool open = true;
+};
+copy_hold& hold() {
+  static copy_hold h;
+  return h;
+}
 
 enum class copy_kind { host_to_device, device_to_host, device_to_device, memset, kernel_from_host };
 
@@ -142,7 +157,13 @@ CUresult enqueue(copy c, const void* host, CUstream stream) {
     staging = std::make_shared<std::vector<unsigned char>>(bytes, bytes + c.bytes);
     c.src = reinterpret_cast<uintptr_t>(staging->data());
   }
-  submit(where, [c, staging]() -> CUresult {
+  const bool held =
+      c.kind == copy_kind::host_to_device && where.queue != nullptr && hold().armed.exchange(false);
+  submit(where, [c, staging, held]() -> CUresult {
+    if (held) {
+      std::unique_lock lock(hold().mutex);
+      hold().opened.wait(lock, [] { return hold().open; });
+    }
     if (sticky_error(c.device) != CUDA_SUCCESS) return CUDA_SUCCESS;  // a dead context runs nothing
     return execute(c);
   });
@@ -221,4 +242,21 @@ TAGMEM_EMU_EXPORT CUresult cuLaunchKernel(CUfunction f, unsigned grid_x, unsigne
 
 TAGMEM_EMU_EXPORT void tagmem_emu_set_copy_bytes_per_second(uint64_t rate) {
   bytes_per_second.store(rate, std::memory_order_relaxed);
+}
+
+TAGMEM_EMU_EXPORT void tagmem_emu_hold_next_h2d_copy(void) {
+  {
+    std::lock_guard lock(hold().mutex);
+    hold().open = false;
+  }
+  hold().armed = true;
+}
+
+TAGMEM_EMU_EXPORT void tagmem_emu_release_held_copy(void) {
+  hold().armed = false;
+  {
+    std::lock_guard lock(hold().mutex);
+    hold().open = true;
+  }
+  hold().opened.notify_all();
 }

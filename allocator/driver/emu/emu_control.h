@@ -81,6 +81,13 @@ TAGMEM_EMU_API uint64_t tagmem_emu_call_count(const char* entry);
  * up every time rather than by chance. */
 TAGMEM_EMU_API void tagmem_emu_set_copy_bytes_per_second(uint64_t bytes_per_second);
 
+/* Stalls a stream, as a copy engine can stall one (Note [a stalled stream] in
+ * allocator/transfer/copy_queue.hpp): the next asynchronous host-to-device copy queued on a
+ * created stream does not start until tagmem_emu_release_held_copy(); the stream's later work
+ * waits behind it, other streams run on. */
+TAGMEM_EMU_API void tagmem_emu_hold_next_h2d_copy(void);
+TAGMEM_EMU_API void tagmem_emu_release_held_copy(void);
+
 /* The sticky error of a device's primary context (CUDA_SUCCESS when healthy): set when an
  * asynchronous operation faults, returned from then on by every call that uses the context,
  * cleared when the primary context's last reference is released. */
