@@ -72,7 +72,8 @@ void copy_queue::choose_lanes() {
     lanes_.push_back({});
     lanes_.back().stream = dev_.h2d_stream(i);
   }
-  for (lane& l : lanes_) l.in_flight.reserve(depth(l));
+  for (lane& l : lanes_)
+    l.in_flight.reserve(l.kernel != nullptr ? kernel_lane_depth : engine_lane_depth);
 }
 
 void copy_queue::to_device(const backup_piece& p, const char* tag) {
@@ -130,7 +131,11 @@ bool copy_queue::hand_out() {
         l.progress = now;
         l.others_then = engine_finished_;
       }
-      while (l.in_flight.size() < depth(l) && next_waiting_ < waiting_.size()) {
+      // While the kernel copies, the engines' lanes are as short as its own: they are the slow
+      // ones then, and what they hold finishes last.
+      const std::size_t depth =
+          l.kernel != nullptr || kernel_wanted ? kernel_lane_depth : engine_lane_depth;
+      while (l.in_flight.size() < depth && next_waiting_ < waiting_.size()) {
         const waiting& w = waiting_[next_waiting_++];
         if (l.kernel != nullptr) {
           l.kernel->launch(w.piece.dev, w.piece.host, w.piece.bytes);

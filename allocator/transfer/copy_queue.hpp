@@ -101,8 +101,8 @@ class copy_queue {
 
   // Pieces in flight per lane while pieces wait: enough to keep the copy engines busy while the
   // caller maps (and creates) the next run of a reload (16 × 64 MiB is about 20 ms of the link),
-  // few enough that a stalled lane holds a small part of a large reload; the kernel's lane, which
-  // takes pieces first while it is wanted, holds fewer.
+  // few enough that a stalled lane holds a small part of a large reload. While the kernel is
+  // wanted every lane holds at most kernel_lane_depth, the kernel's (first) as the engines'.
   static constexpr std::size_t engine_lane_depth = 16;
   static constexpr std::size_t kernel_lane_depth = 4;
   // A copy engine's lane with pieces in flight and none finished for stall_after (about eight
@@ -122,9 +122,6 @@ class copy_queue {
     std::chrono::steady_clock::time_point progress;  // a piece finished, or the first began
     std::uint64_t others_then = 0;                   // engine_finished_ then
   };
-  static std::size_t depth(const lane& l) noexcept {
-    return l.kernel != nullptr ? kernel_lane_depth : engine_lane_depth;
-  }
   void choose_lanes();
   bool hand_out();
   void retire(lane& l);
