@@ -65,6 +65,36 @@ TEST_F(HandoffWait, ReloadWaitsForMemoryGivenBack) {
   EXPECT_EQ(giver->wait(), 0);
 }
 
+// A reload whose first run fits and whose second waits for memory (two runs of 64 MiB, room for
+// one): the first run's pieces that its copy lanes could not take at once (64 pieces of 1 MiB;
+// the two lanes hold 16 each) are handed out while it waits, not only once the wait is over.
+// Copies run at 100 MiB/s a stream, so the lanes are still full when the wait begins.
+TEST_F(HandoffWait, QueuedPiecesCopyWhileTheReloadWaits) {
+  setenv("TAGMEM_COPY_PIECE_BYTES", "1MiB", 1);
+  const tagmem_status init = init_with("TAGMEM_MAX_MAPPING_BYTES", "64MiB");
+  unsetenv("TAGMEM_COPY_PIECE_BYTES");
+  ASSERT_EQ(init, TAGMEM_SUCCESS) << tagmem_last_error();
+  std::mt19937_64 rng(seed_);
+  tag_data w = offloaded_backup("w", 2, 64 * MiB, rng);
+  fill_device();
+  reliability::emu().set_device_bytes(0, reliability::emu().device_used_bytes(0) + 64 * MiB);
+  reliability::emu().set_copy_bytes_per_second(100 * MiB);
+  const std::uint64_t before = emu_calls("cuMemcpyHtoDAsync");
+  {
+    reload_thread reloader("w");
+    EXPECT_TRUE(eventually([&] { return emu_calls("cuMemcpyHtoDAsync") - before >= 64; }))
+        << "the first run's pieces were not handed out while the reload waited: "
+        << emu_calls("cuMemcpyHtoDAsync") - before << " of 64";
+    reliability::emu().set_device_bytes(0, total_);  // room for the second run
+    ASSERT_EQ(reloader.finish(), "");
+  }
+  // It waited, and its wait ended with the room made above: the pieces went while it waited.
+  EXPECT_EQ(handoff_stats().reload_waits, 1u) << "the reload did not wait";
+  EXPECT_EQ(handoff_stats().reload_wait_timeouts, 0u);
+  reliability::emu().set_copy_bytes_per_second(0);
+  EXPECT_EQ(corrupted(w), 0u);
+}
+
 // Nobody gives: OUT_OF_MEMORY once the wait is over, naming it; the tag keeps its backup and
 // reloads every byte once there is room.
 TEST_F(HandoffWait, ReloadWaitTimesOutWithBackupIntact) {
