@@ -108,10 +108,6 @@ bool device::copy_kernel_wanted() const noexcept {
          (kernel_use_ == copy_kernel_use::after_release && release_clock::after_release());
 }
 
-kernel_copy* device::copy_kernel_now() noexcept {
-  return copy_kernel_wanted() && kernel_.stream() != nullptr ? &kernel_ : nullptr;
-}
-
 void device::synchronize_copy_streams() {
   driver::check(wait_copy_streams(), "cuStreamSynchronize");
 }

@@ -48,14 +48,12 @@ class device {
   CUstream d2h_stream(std::size_t i) const noexcept { return d2h_[i % d2h_.size()]; }
   CUstream h2d_stream(std::size_t i) const noexcept { return h2d_[i % h2d_.size()]; }
   std::size_t copy_stream_count() const noexcept { return h2d_.size(); }
-  // The copy kernel (Note [copy kernel]) when this reload should share its copies with it: the
-  // setting and the release clock allow it and the kernel loaded. Null otherwise.
-  kernel_copy* copy_kernel_now() noexcept;
   // Whether the setting and the release clock want the copy kernel now (a reload that has it
   // gives it no more pieces once this turns false).
   bool copy_kernel_wanted() const noexcept;
-  // The copy kernel when it is loaded (TAGMEM_COPY_KERNEL not `off`), wanted now or not: a
-  // reload also gives it pieces while a copy engine's lane is stalled (copy_queue.hpp).
+  // The copy kernel (Note [copy kernel]) when it is loaded (TAGMEM_COPY_KERNEL not `off`), wanted
+  // now or not: a reload also gives it pieces while a copy engine's lane is stalled
+  // (copy_queue.hpp).
   kernel_copy* copy_kernel() noexcept { return kernel_.stream() != nullptr ? &kernel_ : nullptr; }
   // Waits for all of them (and the copy kernel's stream), also after one fails; returns the
   // first failure / throws it.

@@ -34,6 +34,13 @@ identity make_identity(device& dev, const config& cfg, const std::string& job,
   return id;
 }
 
+// While a giver's session is open, giving_now() (a reload may then copy with the kernel).
+struct serving {
+  std::atomic<bool>& flag;
+  explicit serving(std::atomic<bool>& f) : flag(f) { flag = true; }
+  ~serving() { flag = false; }
+};
+
 }  // namespace
 
 service::service(device& dev, const config& cfg, const std::string& job, const std::string& dir)
@@ -166,12 +173,6 @@ void service::run() noexcept {
       if (listener_) listen_fd = listener_->fd();
       attached = std::move(attached_);
     }
-    // While a giver's session is open, giving_now() (a reload may then copy with the kernel).
-    struct serving {
-      std::atomic<bool>& flag;
-      explicit serving(std::atomic<bool>& f) : flag(f) { flag = true; }
-      ~serving() { flag = false; }
-    };
     if (attached) {
       serving on(serving_);
       serve_giver(dev_, id_, book_, inbox_, stats_, *attached, false, coming_);

@@ -103,8 +103,7 @@ void copy_queue::retire(lane& l) {
   l.in_flight.erase(l.in_flight.begin(), l.in_flight.begin() + static_cast<std::ptrdiff_t>(done));
   if (done != 0 && l.kernel == nullptr) {
     engine_finished_ += done;
-    l.progress = std::chrono::steady_clock::now();
-    l.others_then = engine_finished_;
+    progressed(l, std::chrono::steady_clock::now());
   }
   if (r != CUDA_ERROR_NOT_READY) driver::check(r, "cuEventQuery");
 }
@@ -127,10 +126,7 @@ bool copy_queue::hand_out() {
     }
     for (lane& l : lanes_) {
       if (l.kernel != nullptr && !kernel_wanted) continue;  // the copy engines copy on
-      if (l.in_flight.empty()) {
-        l.progress = now;
-        l.others_then = engine_finished_;
-      }
+      if (l.in_flight.empty()) progressed(l, now);
       // While the kernel copies, the engines' lanes are as short as its own: they are the slow
       // ones then, and what they hold finishes last.
       const std::size_t depth =

@@ -15,7 +15,7 @@
 // a release) and while a copy engine's lane is stalled: Note [a stalled stream]: with another
 // process of the GPU copying device to host, a copy stream of a reload can make no progress for
 // hundreds of milliseconds (on an H100 the first piece of a reload took 498 ms while the other
-// stream copied on at 35 GB/s; docs/handoff.md, "Overlapping the two sides"), while a kernel
+// stream copied on at 35 GB/s; docs/handoff.md, "A stalled copy stream"), while a kernel
 // reading pinned host memory, which no copy engine schedules, copies on. A lane is stalled when
 // no piece of it has finished for stall_after while the other copy engines' lanes finished
 // stall_pieces (a lane merely slow, or a device slow for all, is not). Whether that is worth the
@@ -122,6 +122,11 @@ class copy_queue {
     std::chrono::steady_clock::time_point progress;  // a piece finished, or the first began
     std::uint64_t others_then = 0;                   // engine_finished_ then
   };
+  // The lane made progress at `now` (a piece finished, or it took one while empty).
+  void progressed(lane& l, std::chrono::steady_clock::time_point now) const noexcept {
+    l.progress = now;
+    l.others_then = engine_finished_;
+  }
   void choose_lanes();
   bool hand_out();
   void retire(lane& l);
