@@ -102,6 +102,10 @@ class peer_memory {
   }
   // Whether a process of the job is handing memory to this one now: it is offloading.
   bool giving_now() const noexcept { return do_giving_now(); }
+  // A reload has every run mapped and only copies left (true), until they end (false); the
+  // job's processes hold their releases back meanwhile (Note [releases wait for copies] in
+  // release_queue.hpp).
+  void copying(bool on) noexcept { do_copying(on); }
 
  protected:
   ~peer_memory() = default;
@@ -118,6 +122,7 @@ class peer_memory {
                                 std::uint64_t arrivals_seen) noexcept = 0;
   virtual void do_waited(std::chrono::nanoseconds how_long, bool timed_out) noexcept = 0;
   virtual bool do_giving_now() const noexcept = 0;
+  virtual void do_copying(bool on) noexcept = 0;
 };
 
 }  // namespace tagmem

@@ -1,6 +1,8 @@
 // release_queue.cpp — the background release thread (Note [background release]).
 #include "device/release_queue.hpp"
 
+#include <algorithm>
+
 #include "base/error.hpp"
 #include "device/release_clock.hpp"
 #include "driver/driver.hpp"
@@ -43,6 +45,8 @@ void release_queue::work() noexcept {
   for (;;) {
     changed_.wait(lock, [&] { return stop_ || (!queued_.empty() && holds_ == 0); });
     if (queued_.empty()) return;  // stop_ and nothing left
+    wait_while_copies_run(lock, true);
+    if (queued_.empty()) continue;  // drained meanwhile
     batch.swap(queued_);
     in_flight_ = batch.size();
     lock.unlock();
@@ -54,6 +58,19 @@ void release_queue::work() noexcept {
     in_flight_ = 0;
     changed_.notify_all();
   }
+}
+
+void release_queue::wait_while_copies_run(std::unique_lock<std::mutex>& lock,
+                                          bool thread) noexcept {
+  if (!gate_ || (thread && stop_) || !gate_->copies_running()) return;
+  trace::span span("release_wait");
+  const auto until = std::chrono::steady_clock::now() + gate_bound_;
+  do {
+    // Woken early by a push, a drain or the destructor; else polled.
+    changed_.wait_until(
+        lock, std::min(until, std::chrono::steady_clock::now() + std::chrono::milliseconds(2)));
+  } while (gate_ && std::chrono::steady_clock::now() < until &&
+           !(thread && (stop_ || queued_.empty())) && gate_->copies_running());
 }
 
 std::size_t release_queue::release_all(meta_vector<item>& batch) noexcept {
@@ -99,6 +116,25 @@ void release_queue::unhold() noexcept {
     --holds_;
   }
   changed_.notify_all();
+}
+
+void release_queue::set_gate(release_gate* gate, std::chrono::milliseconds bound) noexcept {
+  {
+    std::lock_guard lock(mutex_);
+    gate_ = gate;
+    gate_bound_ = bound;
+  }
+  changed_.notify_all();
+}
+
+bool release_queue::copies_running() noexcept {
+  std::lock_guard lock(mutex_);
+  return gate_ && gate_->copies_running();
+}
+
+void release_queue::wait_for_copies() noexcept {
+  std::unique_lock lock(mutex_);
+  wait_while_copies_run(lock, false);
 }
 
 std::size_t release_queue::pending_bytes() const noexcept {

@@ -19,10 +19,18 @@
 // the latest by the destructor), so a transient failure leaks nothing (as Note [release later]).
 // TAGMEM_DISCARD_RELEASE=wait and TAGMEM_SWAP_RELEASE=inline release on the calling thread
 // instead.
+// Note [releases wait for copies]: with handoff, another process of the job on this GPU may be
+// copying a reload into memory this one handed over while this one's leftovers wait here, and a
+// release's aftermath would halve those copies (Note [release aftermath]). So the thread asks its
+// gate before each batch and waits, polling, while the gate says copies are running, at most the
+// gate's bound per batch. tagmem_wait_released waits as the thread does before it drains
+// (wait_for_copies); drain() alone does not ask: who drains on running out of memory needs the
+// memory now.
 #pragma once
 
 #include <cuda.h>
 
+#include <chrono>
 #include <condition_variable>
 #include <cstddef>
 #include <mutex>
@@ -31,6 +39,19 @@
 #include "host/metadata_heap.hpp"
 
 namespace tagmem {
+
+// What the release thread asks before each batch (Note [releases wait for copies]).
+class release_gate {
+ public:
+  // Whether a release now would slow copies that are running (polled every few ms).
+  bool copies_running() noexcept { return do_copies_running(); }
+
+ protected:
+  ~release_gate() = default;
+
+ private:
+  virtual bool do_copies_running() noexcept = 0;
+};
 
 class release_queue {
  public:
@@ -52,6 +73,13 @@ class release_queue {
   void unhold() noexcept;
   // Bytes queued or failed, not yet back with the driver.
   std::size_t pending_bytes() const noexcept;
+  // The thread asks `gate` (null: none) before each batch and waits at most `bound` for it; the
+  // gate is asked under this queue's lock, so that once this returns the old one is not in use.
+  void set_gate(release_gate* gate, std::chrono::milliseconds bound) noexcept;
+  // What the gate says now (false without one): a release here would slow running copies.
+  bool copies_running() noexcept;
+  // Waits while the gate says copies are running, at most its bound.
+  void wait_for_copies() noexcept;
 
  private:
   struct item {
@@ -59,6 +87,9 @@ class release_queue {
     std::size_t bytes;
   };
   void work() noexcept;
+  // Waits while the gate says copies run, at most its bound (`lock` holds mutex_); the thread
+  // (`thread`) also stops waiting when asked to stop or when a drain took its batch.
+  void wait_while_copies_run(std::unique_lock<std::mutex>& lock, bool thread) noexcept;
   static std::size_t release_all(meta_vector<item>& batch) noexcept;
 
   mutable std::mutex mutex_;
@@ -69,6 +100,8 @@ class release_queue {
   std::size_t in_flight_ = 0;  // records the thread took out of queued_ and is releasing
   int holds_ = 0;
   bool stop_ = false;
+  release_gate* gate_ = nullptr;
+  std::chrono::milliseconds gate_bound_{0};
   std::thread thread_;
 };
 

@@ -23,6 +23,31 @@ std::string prefix(const std::string& job, const gpu_uuid& uuid) {
   return "hoff-" + peers::hash_hex(job + "\n" + uuid_hex(uuid)) + "-";
 }
 
+// Each name in `dir` of the form <want><pid><suffix>, other than this process's unless
+// `with_own`, as (base path without the suffix, pid).
+std::vector<std::pair<std::string, pid_t>> list_named(const std::string& dir,
+                                                      const std::string& want,
+                                                      const std::string& suffix, bool with_own) {
+  std::vector<std::pair<std::string, pid_t>> out;
+  DIR* d = ::opendir(dir.c_str());
+  if (!d) return out;
+  while (dirent* e = ::readdir(d)) {
+    const std::string name = e->d_name;
+    if (name.compare(0, want.size(), want) != 0) continue;
+    if (name.size() <= want.size() + suffix.size() ||
+        name.compare(name.size() - suffix.size(), suffix.size(), suffix) != 0) {
+      continue;
+    }
+    const std::string digits = name.substr(want.size(), name.size() - want.size() - suffix.size());
+    char* end = nullptr;
+    const long pid = std::strtol(digits.c_str(), &end, 10);
+    if (digits.empty() || *end != '\0' || pid <= 0 || (!with_own && pid == ::getpid())) continue;
+    out.emplace_back(dir + "/" + want + digits, static_cast<pid_t>(pid));
+  }
+  ::closedir(d);
+  return out;
+}
+
 }  // namespace
 
 peers::rendezvous_paths own_point(const std::string& dir, const std::string& job,
@@ -38,22 +63,22 @@ peers::rendezvous_paths own_point(const std::string& dir, const std::string& job
 std::vector<receiver_address> list_receivers(const std::string& dir, const std::string& job,
                                              const gpu_uuid& uuid) {
   std::vector<receiver_address> out;
-  const std::string want = prefix(job, uuid);
-  DIR* d = ::opendir(dir.c_str());
-  if (!d) return out;
-  while (dirent* e = ::readdir(d)) {
-    const std::string name = e->d_name;
-    if (name.compare(0, want.size(), want) != 0) continue;
-    if (name.size() <= want.size() + 5 || name.compare(name.size() - 5, 5, ".sock") != 0) continue;
-    const std::string digits = name.substr(want.size(), name.size() - want.size() - 5);
-    char* end = nullptr;
-    const long pid = std::strtol(digits.c_str(), &end, 10);
-    if (digits.empty() || *end != '\0' || pid <= 0 || pid == ::getpid()) continue;
-    const std::string base = dir + "/" + want + digits;
-    out.push_back({{base + ".sock", base + ".lock"}, static_cast<pid_t>(pid)});
+  for (const auto& [base, pid] : list_named(dir, prefix(job, uuid), ".sock", false)) {
+    out.push_back({{base + ".sock", base + ".lock"}, pid});
   }
-  ::closedir(d);
   return out;
+}
+
+std::string own_copy_mark(const std::string& dir, const std::string& job, const gpu_uuid& uuid) {
+  return dir + "/" + prefix(job, uuid) + std::to_string(::getpid()) + ".copy";
+}
+
+std::vector<std::pair<std::string, pid_t>> list_copy_marks(const std::string& dir,
+                                                           const std::string& job,
+                                                           const gpu_uuid& uuid) {
+  auto marks = list_named(dir, prefix(job, uuid), ".copy", true);
+  for (auto& m : marks) m.first += ".copy";
+  return marks;
 }
 
 int connect_to(const receiver_address& a) {

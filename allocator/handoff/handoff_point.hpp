@@ -5,12 +5,14 @@
 // its whole life), H = hash of J and U. The hash only picks files: job and UUID are compared in
 // full in the hello. The pid lets several takers of one job and GPU listen at once. A giver lists
 // the directory for the prefix; a socket whose owner died (connection refused, lock free) is
-// removed by the giver that finds it.
+// removed by the giver that finds it. A process copying a reload marks it with hoff-<H>-<pid>.copy
+// (copy_gate.hpp).
 #pragma once
 
 #include <sys/types.h>
 
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "handoff/handoff_messages.hpp"
@@ -30,6 +32,13 @@ peers::rendezvous_paths own_point(const std::string& dir, const std::string& job
 // The takers of (job, GPU) listed in `dir`, this process left out.
 std::vector<receiver_address> list_receivers(const std::string& dir, const std::string& job,
                                              const gpu_uuid& uuid);
+
+// This process's copy mark, and every copy mark of (job, GPU) listed in `dir`, this process's
+// included, each with the pid from its name.
+std::string own_copy_mark(const std::string& dir, const std::string& job, const gpu_uuid& uuid);
+std::vector<std::pair<std::string, pid_t>> list_copy_marks(const std::string& dir,
+                                                           const std::string& job,
+                                                           const gpu_uuid& uuid);
 
 // A connected, non-blocking socket to `a`, or -1 with errno (ECONNREFUSED: nobody listens;
 // EAGAIN: its backlog is full).

@@ -46,6 +46,7 @@ struct serving {
 service::service(device& dev, const config& cfg, const std::string& job, const std::string& dir)
     : dev_(dev),
       id_(make_identity(dev, cfg, job, dir)),
+      gate_(dir, job, id_.me.uuid),
       book_(cfg.handoff_after_offload, id_.default_largest),
       inbox_(dev, stats_),
       outbox_(dev, id_, stats_) {
@@ -59,9 +60,11 @@ service::service(device& dev, const config& cfg, const std::string& job, const s
     ::close(wake_fd_);
     fail(TAGMEM_ERROR_DRIVER, "cannot start the handoff thread");
   }
+  dev_.releases().set_gate(&gate_, std::chrono::milliseconds(id_.timeout_ms));
 }
 
 service::~service() {
+  dev_.releases().set_gate(nullptr, std::chrono::milliseconds(0));
   {
     std::lock_guard lock(mutex_);
     stop_ = true;
@@ -141,6 +144,14 @@ void service::do_offload_done() noexcept {
 
 void service::do_reloading(std::size_t wanted, std::size_t largest_run) noexcept {
   follow(book_.reloading(wanted, largest_run, inbox_.bytes()));
+}
+
+void service::do_copying(bool on) noexcept {
+  if (on) {
+    gate_.begin();
+  } else {
+    gate_.end();
+  }
 }
 
 void service::do_reload_done() noexcept { follow(book_.reload_done(inbox_.bytes())); }

@@ -20,6 +20,8 @@
 //    (trust.hpp). Handed memory carries the giver's bytes until overwritten: a BACKUP reload
 //    overwrites every byte of its runs, a DISCARD reload may see another process's bytes of the
 //    same job, which is why memory never crosses users or jobs.
+//  - Releases: what nobody takes waits in the release queue while a process of the job copies a
+//    reload on this GPU, at most TAGMEM_HANDOFF_TIMEOUT_MS a batch (copy_gate.hpp).
 //  - Bounds: every step waits at most TAGMEM_HANDOFF_TIMEOUT_MS; memory received and not mapped
 //    goes to the driver after TAGMEM_HANDOFF_HOLD_MS, when nothing is taken any more, and when
 //    anything but a reload runs out of device memory (allocations never map received handles).
@@ -37,6 +39,7 @@
 #include <thread>
 
 #include "device/physical_flow.hpp"
+#include "handoff/copy_gate.hpp"
 #include "handoff/counters.hpp"
 #include "handoff/identity.hpp"
 #include "handoff/inbox.hpp"
@@ -87,6 +90,7 @@ class service final : public peer_memory {
                         std::uint64_t arrivals_seen) noexcept override;
   void do_waited(std::chrono::nanoseconds how_long, bool timed_out) noexcept override;
   bool do_giving_now() const noexcept override { return serving_.load(); }
+  void do_copying(bool on) noexcept override;
 
   // Listens when the book says so (created here, so that a giver finds it as soon as this
   // returns); held memory goes when nothing is taken any more.
@@ -97,6 +101,7 @@ class service final : public peer_memory {
   device& dev_;
   identity id_;
   counters stats_;
+  copy_gate gate_;  // the device's release thread asks it
   want_book book_;
   inbox inbox_;
   outbox outbox_;

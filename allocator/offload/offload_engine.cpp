@@ -66,6 +66,19 @@ std::size_t largest_span(const incoming& in, std::size_t from) {
   return largest;
 }
 
+// A reload copying with every run mapped, as the job's processes see it (peer_memory::copying).
+struct copying_mark {
+  peer_memory* peers;
+  explicit copying_mark(peer_memory* p) noexcept : peers(p) {
+    if (peers) peers->copying(true);
+  }
+  ~copying_mark() {
+    if (peers) peers->copying(false);
+  }
+  copying_mark(const copying_mark&) = delete;
+  copying_mark& operator=(const copying_mark&) = delete;
+};
+
 class pipeline {
  public:
   pipeline(device& dev, tagmem_offload_mode mode, host_store& store, const config& cfg)
@@ -172,10 +185,15 @@ bool pipeline::unmap_next(pending_copies pending) {
   if (!o.started) start(o);
   trace::span span(out_memory_ == unmapped_memory::park ? "park" : "unmap", o.t->name(), m.size,
                    trace::effect::mapped_down);
-  o.t->arena().unmap(m.va, out_memory_, sink_);  // Note [unmap as copied]
+  unmapped_memory then = out_memory_;
+  // What the job's processes do not take waits for their copies, if any run (Note [releases wait
+  // for copies] in release_queue.hpp), rather than being released here beside them.
+  if (then == unmapped_memory::release && sink_ && dev_.releases().copies_running()) {
+    then = unmapped_memory::release_in_background;
+  }
+  o.t->arena().unmap(m.va, then, sink_);  // Note [unmap as copied]
   ++o.next_map;
-  if (out_memory_ == unmapped_memory::release ||
-      out_memory_ == unmapped_memory::release_in_background) {
+  if (then == unmapped_memory::release || then == unmapped_memory::release_in_background) {
     budget_ += m.size;  // else the recycler has it
   }
   return true;
@@ -379,8 +397,12 @@ void pipeline::finish_ins() {
   // copies, which the kernel's reads would slow. Nor in a job whose offloads return early
   // (TAGMEM_OFFLOAD_RETURN=queued, set alike in its processes): there the switch into the
   // engine lost more than the switch into the trainer gained (docs/handoff.md).
-  copies_.kernel_on_stall(!cfg_.offload_return_queued && dev_.peers() != nullptr &&
-                          dev_.peers()->giving_now());
+  peer_memory* peers = dev_.peers();
+  copies_.kernel_on_stall(!cfg_.offload_return_queued && peers != nullptr && peers->giving_now());
+  // Note [releases wait for copies] in release_queue.hpp: nothing more to take, only copies left.
+  std::size_t copying = 0;
+  for (const incoming& in : ins_) copying += in.copied;
+  copying_mark mark(copying != 0 ? peers : nullptr);
   try {
     copies_.finish();
   } catch (...) {  // which copy failed is unknown: no in-tag is trusted
@@ -575,6 +597,7 @@ void pipeline::run(tag* const* outs, std::size_t out_count, tag* const* ins, std
       plan_host_memory(outs_.data(), outs_.size(), mode_, store_, cfg_.copy_piece_bytes);
       queue_out_copies();
       if (in_count == 0 && dev_.peers()) open_sink();
+
     } catch (...) {  // nothing is unmapped yet: every tag is as it was
       try {
         copies_.finish();

@@ -558,6 +558,7 @@ void registry::plan_offload(const char* name, int ordinal, tagmem_offload_mode m
 void registry::wait_released(int ordinal) {
   device& d = dev(ordinal);
   if (early_) early_->wait(ordinal);                    // Note [early return]
+  d.releases().wait_for_copies();                       // Note [releases wait for copies]
   if (peer_memory* p = d.peers()) p->release_unfit(0);  // received and not mapped: as kept ones
   context_guard guard(d.context());                     // parked mappings are unmapped first
   d.recycler().release_all(d.releases());               // Note [physical recycling]

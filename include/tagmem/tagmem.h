@@ -261,7 +261,9 @@ TAGMEM_API tagmem_status tagmem_pointer_info(const void* ptr, char* tag, size_t 
  * DISCARD release before returning. With TAGMEM_RECYCLE_PHYSICAL=keep the process keeps the
  * memory instead, and a DISCARD offload leaves it mapped until a reload takes it back or
  * something else needs it (docs/design.md, parked mappings): until then the addresses do not
- * fault.
+ * fault. With TAGMEM_HANDOFF=on, what the job's processes do not take (DISCARD, and BACKUP while
+ * one of them copies a reload on this GPU) waits in the background, while such copies run, before
+ * it goes back to the driver (docs/handoff.md).
  * The list is checked first (unknown tag, already offloaded, duplicates): on such an error no tag
  * is changed. A failure while copying leaves every tag resident with its bytes intact, and so
  * does HOST_OUT_OF_MEMORY when the backups do not fit in the host budget (tagmem_host_reserve).
@@ -294,8 +296,10 @@ TAGMEM_API tagmem_status tagmem_empty_cache(int device);
 /* Waits until the physical memory of `device` that DISCARD offloads and swaps gave up (and what
  * was kept for recycling, see tagmem_release_physical) is back with the driver (see
  * tagmem_offload), so that other allocators and processes can have it. Returns at once when
- * nothing is pending. Errors: DRIVER if a release failed (it is tried again by the
- * next call; the memory stays counted in release_pending_bytes). Thread-safe. */
+ * nothing is pending. With TAGMEM_HANDOFF=on it first waits while a process of the job copies a
+ * reload on this GPU, at most TAGMEM_HANDOFF_TIMEOUT_MS (a release beside those copies would slow
+ * them). Errors: DRIVER if a release failed (it is tried again by the next call; the memory stays
+ * counted in release_pending_bytes). Thread-safe. */
 TAGMEM_API tagmem_status tagmem_wait_released(int device);
 
 /* Says how `tag` of `device` will be offloaded (creating the tag if needed; callable at any time,

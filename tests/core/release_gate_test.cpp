@@ -1,0 +1,121 @@
+// release_gate_test.cpp — the release thread asks its gate before each batch and waits while the
+// gate says copies are running, at most the gate's bound; tagmem_wait_released waits alike before
+// it releases, a drain on running out of memory does not (Note [releases wait for copies] in
+// device/release_queue.hpp). Runs on both drivers:
+// a real handle goes through the device's own queue.
+#include <atomic>
+#include <chrono>
+#include <thread>
+
+#include "api/runtime.hpp"
+#include "device/release_queue.hpp"
+#include "driver/context_guard.hpp"
+#include "driver/driver.hpp"
+#include "test_support.hpp"
+
+namespace tagmem::test {
+namespace {
+
+class ReleaseGate : public tagmem_test {};
+
+class switch_gate final : public release_gate {
+ public:
+  std::atomic<bool> running{true};
+  std::atomic<int> asked{0};
+
+ private:
+  bool do_copies_running() noexcept override {
+    ++asked;
+    return running.load();
+  }
+};
+
+// Sets the device's gate for one test and takes it away at the end, whatever happens.
+struct gate_set {
+  device& dev;
+  gate_set(device& d, release_gate& g, std::chrono::milliseconds bound) : dev(d) {
+    dev.releases().set_gate(&g, bound);
+  }
+  ~gate_set() { dev.releases().set_gate(nullptr, std::chrono::milliseconds(0)); }
+};
+
+// One handle of the device's granularity, created and pushed to its release queue.
+std::size_t push_one(device& dev) {
+  context_guard guard(dev.context());
+  CUmemGenericAllocationHandle h = 0;
+  EXPECT_EQ(driver::api().cuMemCreate(&h, dev.granularity(), &dev.allocation_prop(), 0),
+            CUDA_SUCCESS);
+  dev.releases().push(h, dev.granularity());
+  return dev.granularity();
+}
+
+// Polls `done` every ms for at most 10 s (a bound, not a timing assertion).
+template <class Done>
+bool within_10s(Done done) {
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (!done()) {
+    if (std::chrono::steady_clock::now() > until) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  return true;
+}
+
+TEST_F(ReleaseGate, QueuedMemoryWaitsWhileCopiesRunAndGoesWhenTheyEnd) {
+  runtime::hold h;
+  device& dev = h.dev(0);
+  switch_gate gate;
+  gate_set on(dev, gate, std::chrono::seconds(60));
+  const std::size_t bytes = push_one(dev);
+  // Asked at least twice: it polls, and it has not released in between.
+  EXPECT_TRUE(within_10s([&] { return gate.asked.load() >= 2; }));
+  EXPECT_EQ(dev.releases().pending_bytes(), bytes) << "released while copies ran";
+  gate.running = false;
+  EXPECT_TRUE(within_10s([&] { return dev.releases().pending_bytes() == 0; }))
+      << "not released once the copies ended";
+}
+
+TEST_F(ReleaseGate, WaitEndsAtTheBound) {
+  runtime::hold h;
+  device& dev = h.dev(0);
+  switch_gate gate;  // copies never end
+  gate_set on(dev, gate, std::chrono::milliseconds(300));
+  const auto start = std::chrono::steady_clock::now();
+  push_one(dev);
+  EXPECT_TRUE(within_10s([&] { return dev.releases().pending_bytes() == 0; }))
+      << "the bound did not end the wait";
+  EXPECT_GE(std::chrono::steady_clock::now() - start, std::chrono::milliseconds(300))
+      << "released before the bound while copies ran";
+}
+
+// tagmem_wait_released waits while copies run, then releases on the caller's thread.
+TEST_F(ReleaseGate, WaitReleasedWaitsForRunningCopies) {
+  runtime::hold h;
+  device& dev = h.dev(0);
+  switch_gate gate;
+  gate_set on(dev, gate, std::chrono::hours(1));
+  push_one(dev);
+  std::atomic<bool> ended{false};
+  std::thread copies([&] {  // the copies end once the caller has asked a few times
+    while (gate.asked.load() < 10) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    ended = true;
+    gate.running = false;
+  });
+  TAGMEM_OK(tagmem_wait_released(0));
+  EXPECT_TRUE(ended.load()) << "tagmem_wait_released returned while copies ran";
+  EXPECT_EQ(dev.releases().pending_bytes(), 0u);
+  copies.join();
+}
+
+// drain() (what tagmem does on running out of memory) does not wait for them.
+TEST_F(ReleaseGate, DrainDoesNotWaitForRunningCopies) {
+  runtime::hold h;
+  device& dev = h.dev(0);
+  switch_gate gate;  // copies never end
+  gate_set on(dev, gate, std::chrono::hours(1));
+  push_one(dev);
+  EXPECT_EQ(dev.releases().drain(), CUDA_SUCCESS);
+  EXPECT_EQ(dev.releases().pending_bytes(), 0u);
+}
+
+}  // namespace
+}  // namespace tagmem::test
