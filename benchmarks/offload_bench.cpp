@@ -12,7 +12,7 @@
 //                        keep,settle,no_kv]
 //                        [--rl-discard-sweep=1G,2G,4G,8G]
 //                        [--rl-two-variants=default,handoff,overlap,overlap_early]
-//                        [--rl-two-shapes=roomy,tight]
+//                        [--rl-two-shapes=roomy,tight] [--rl-two-step-ms=0]
 //                        [--replica-gpus=1|2]
 //
 // disk and replicated run only when asked for. replicated (scenario_replicated.cpp): two
@@ -71,7 +71,7 @@ int main(int argc, char** argv) {
   args a(argc, argv,
          {"scenarios", "scale", "cycles", "swap-cycles", "small-count", "kv-bytes", "link-bytes",
           "tsv", "link", "rl-variants", "rl-discard-sweep", "rl-role", "rl-two-variants",
-          "rl-two-shapes", "replica-role", "replica-gpus"});
+          "rl-two-shapes", "rl-two-step-ms", "replica-role", "replica-gpus"});
   if (!a.ok()) {
     std::fprintf(stderr, "tagmem_bench_offload: %s\n", a.error().c_str());
     return 2;
@@ -97,6 +97,7 @@ int main(int argc, char** argv) {
     opt.rl_discard_sweep = a.str("rl-discard-sweep", "");
     opt.rl_two_variants = a.str("rl-two-variants", opt.rl_two_variants);
     opt.rl_two_shapes = a.str("rl-two-shapes", opt.rl_two_shapes);
+    opt.rl_two_step_ms = std::max(0, int(a.num("rl-two-step-ms", 0)));
   } catch (const std::exception& ex) {
     std::fprintf(stderr, "tagmem_bench_offload: bad option: %s\n", ex.what());
     return 2;

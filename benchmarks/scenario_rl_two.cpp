@@ -30,6 +30,9 @@
 // memory at the switch start, P: the largest mapping, TAGMEM_MAX_MAPPING_BYTES's default). A thread
 // of the runner samples free device memory throughout; its minimum is reported. To try a setting
 // in one side only: RL_TWO_TRAINER_SET / RL_TWO_ENGINE_SET="NAME=value ..." (apply_side_settings).
+// --rl-two-step-ms=N: the runner waits N ms after each switch (and its check) before the next, as
+// an RL loop's training step and rollout separate them; 0, the default, runs them back to back,
+// so that what one switch leaves running (memory going back to the driver) meets the next.
 #include <fcntl.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -304,6 +307,9 @@ void run_one(env& e, const std::vector<std::string>& child_args, const two_varia
         at += n;
       }
     }
+    auto step = [&] {  // the training step, the rollout
+      std::this_thread::sleep_for(std::chrono::milliseconds(e.opt.rl_two_step_ms));
+    };
     for (int c = 1; c <= e.opt.cycles; ++c) {
       const bool check_now = c == 1 || c == e.opt.cycles;
       free_to_trainer.push_back(double(device_stats().device_free_bytes));
@@ -320,12 +326,14 @@ void run_one(env& e, const std::vector<std::string>& child_args, const two_varia
       tr.push_back(b.seconds);
       to_trainer.push_back(switch_s(a, b));
       if (check_now) ask(trainer.to, trainer.from, "trainer", "verify");
+      step();
       free_to_engine.push_back(double(device_stats().device_free_bytes));
       const auto [c2, d] = call_pair(trainer, engine);
       tp.push_back(c2.seconds);
       er.push_back(d.seconds);
       to_engine.push_back(switch_s(c2, d));
       if (check_now) ask(engine.to, engine.from, "engine", "verify");
+      step();
       std::printf(
           "[%s] cycle %d: engine pause %.1f ms, trainer resume %.1f ms, trainer pause %.1f ms, "
           "engine resume %.1f ms\n",

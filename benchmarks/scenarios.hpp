@@ -29,6 +29,7 @@ struct options {
   // scenario_rl_two.cpp: default, handoff, overlap, overlap_early
   std::string rl_two_variants = "default";
   std::string rl_two_shapes = "roomy";  // scenario_rl_two.cpp: roomy, tight
+  int rl_two_step_ms = 0;  // scenario_rl_two.cpp: a side's work between its resume and its pause
 };
 
 struct link_speed {
