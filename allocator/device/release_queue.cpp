@@ -46,7 +46,7 @@ void release_queue::work() noexcept {
     changed_.wait(lock, [&] { return stop_ || (!queued_.empty() && holds_ == 0); });
     if (queued_.empty()) return;  // stop_ and nothing left
     wait_while_copies_run(lock, true);
-    if (queued_.empty()) continue;  // drained meanwhile
+    if (queued_.empty() || holds_ != 0) continue;  // drained, or held again, meanwhile
     batch.swap(queued_);
     in_flight_ = batch.size();
     lock.unlock();
