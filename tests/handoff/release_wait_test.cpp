@@ -79,6 +79,7 @@ bool copy_mark_held(const std::string& dir) {
 
 class HandoffReleaseWait : public shared_device_test,
                            public ::testing::WithParamInterface<tagmem_offload_mode> {};
+class HandoffReleaseWaitNone : public shared_device_test {};
 
 // This process reloads 60 MiB with one copy held by the emulator, so that it stays in its copies
 // with every run mapped; the giver offloads 120 MiB meanwhile, of which this process takes what
@@ -123,6 +124,30 @@ TEST_P(HandoffReleaseWait, LeftoversWaitForTheReloadsCopies) {
     giver.channel().send("reload");
     EXPECT_EQ(giver.channel().receive(), "intact");
   }
+  giver.channel().send("exit");
+  EXPECT_EQ(giver.wait(), 0);
+}
+
+// Nobody copies: a BACKUP offload releases what nobody takes on the spot, as without handoff (the
+// offload returns with it back with the driver).
+TEST_F(HandoffReleaseWaitNone, BackupLeftoversGoAtOnceWhenNobodyCopies) {
+  ASSERT_EQ(tagmem_init(nullptr), TAGMEM_SUCCESS) << tagmem_last_error();
+  std::mt19937_64 rng(seed_);
+  tag_data w = offloaded_backup("w", 2, kPiece, rng);  // takes up to its 60 MiB, not reloading
+  peer_process giver("leftover_giver", "g");
+  giver.channel().send(std::to_string(seed_));
+  giver.channel().send("backup");
+  ASSERT_EQ(giver.channel().receive(), "resident");
+  giver.channel().send("offload");
+  const std::string given = giver.channel().receive();
+  giver.channel().send("pending");
+  EXPECT_EQ(giver.channel().receive(), "0") << "leftovers waited though nobody copied";
+  EXPECT_EQ(given, "given " + std::to_string(2 * kPiece));
+  const char* w_tag = "w";
+  ASSERT_EQ(tagmem_reload(&w_tag, 1, 0), TAGMEM_SUCCESS) << tagmem_last_error();
+  EXPECT_EQ(corrupted(w), 0u);
+  giver.channel().send("reload");
+  EXPECT_EQ(giver.channel().receive(), "intact");
   giver.channel().send("exit");
   EXPECT_EQ(giver.wait(), 0);
 }
