@@ -195,10 +195,11 @@ void marks_seen_across_processes(const std::string& dir, const gpu_uuid& uuid) {
   copy_gate other_job(dir, "job-b", uuid);
   EXPECT_FALSE(static_cast<release_gate&>(other_job).copies_running())
       << "a mark of another job counted";
-  const std::string path = dir + "/" + [&] {
-    const auto marks = list_copy_marks(dir, "job-a", uuid);
-    return marks.empty() ? std::string() : marks.front().first.substr(dir.size() + 1);
-  }();
+  std::string path;  // the child's mark (this process's is listed too)
+  for (const auto& [p, pid] : list_copy_marks(dir, "job-a", uuid)) {
+    if (pid == child) path = p;
+  }
+  ASSERT_FALSE(path.empty()) << "the child's mark is not listed";
   ASSERT_EQ(::kill(child, SIGKILL), 0);
   int status = 0;
   ASSERT_EQ(::waitpid(child, &status, 0), child);
