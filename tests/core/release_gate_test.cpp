@@ -106,6 +106,20 @@ TEST_F(ReleaseGate, WaitReleasedWaitsForRunningCopies) {
   copies.join();
 }
 
+// ... at most the gate's bound, as the thread.
+TEST_F(ReleaseGate, WaitReleasedWaitsAtMostTheBound) {
+  runtime::hold h;
+  device& dev = h.dev(0);
+  switch_gate gate;  // copies never end
+  gate_set on(dev, gate, std::chrono::milliseconds(300));
+  push_one(dev);
+  const auto start = std::chrono::steady_clock::now();
+  TAGMEM_OK(tagmem_wait_released(0));
+  EXPECT_GE(std::chrono::steady_clock::now() - start, std::chrono::milliseconds(300))
+      << "returned before the bound while copies ran";
+  EXPECT_EQ(dev.releases().pending_bytes(), 0u);
+}
+
 // drain() (what tagmem does on running out of memory) does not wait for them.
 TEST_F(ReleaseGate, DrainDoesNotWaitForRunningCopies) {
   runtime::hold h;
