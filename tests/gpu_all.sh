@@ -11,7 +11,8 @@
 #                                  in each mode (1 GPU)
 #   bash tests/gpu_all.sh handoff  two processes on one GPU: the handoff suites
 #                                  (tests/handoff/gpu_filter.txt) and the rl_two_process
-#                                  benchmark in every variant and shape (docs/handoff.md) (1 GPU)
+#                                  benchmark in every variant and shape, and the overlapping
+#                                  ones with a step between switches (docs/handoff.md) (1 GPU)
 #   bash tests/gpu_all.sh multi    tests/preload/gpu_run.sh and FSDP2 (2 GPUs)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -66,6 +67,11 @@ case $part in
     step rl_two 300 "$build/benchmarks/tagmem_bench_offload" --scenarios=raw,rl_two_process \
       --rl-variants=default,handoff,overlap,overlap_early --rl-two-shapes=tight,roomy --cycles=3 \
       --tsv="$out/rl_two.tsv"
+    # The overlapping variants again with a step between switches, as in an RL loop (docs/handoff.md,
+    # "Leftovers wait for the copies").
+    step rl_two_step 200 "$build/benchmarks/tagmem_bench_offload" --scenarios=raw,rl_two_process \
+      --rl-variants=overlap,overlap_early --rl-two-shapes=tight,roomy --cycles=3 \
+      --rl-two-step-ms=500 --tsv="$out/rl_two_step.tsv"
     ;;
   multi)
     step preload 420 bash tests/preload/gpu_run.sh "$build" "$out/preload"
