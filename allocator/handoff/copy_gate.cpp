@@ -20,7 +20,7 @@ copy_gate::copy_gate(std::string dir, std::string job, const gpu_uuid& uuid)
 copy_gate::~copy_gate() {
   std::lock_guard lock(mutex_);
   if (fd_ < 0) return;
-  if (made_) ::unlink(own_copy_mark(dir_, job_, uuid_).c_str());
+  ::unlink(own_copy_mark(dir_, job_, uuid_).c_str());
   ::close(fd_);  // drops the lock, if a reload still held it
 }
 
@@ -42,7 +42,6 @@ void copy_gate::begin() noexcept {
       }
       return;
     }
-    made_ = true;
   }
   // A prober holds its shared lock for a moment only.
   while (::flock(fd_, LOCK_EX) != 0 && errno == EINTR) {

@@ -39,7 +39,6 @@ class copy_gate final : public release_gate {
   std::mutex mutex_;  // a leaf; the fields below
   int copying_ = 0;
   int fd_ = -1;  // the mark, made at the first begin
-  bool made_ = false;
 };
 
 }  // namespace tagmem::handoff

@@ -400,9 +400,9 @@ void pipeline::finish_ins() {
   peer_memory* peers = dev_.peers();
   copies_.kernel_on_stall(!cfg_.offload_return_queued && peers != nullptr && peers->giving_now());
   // Note [releases wait for copies] in release_queue.hpp: nothing more to take, only copies left.
-  std::size_t copying = 0;
-  for (const incoming& in : ins_) copying += in.copied;
-  copying_mark mark(copying != 0 ? peers : nullptr);
+  const bool copies =
+      std::any_of(ins_.begin(), ins_.end(), [](const incoming& in) { return in.copied != 0; });
+  copying_mark mark(copies ? peers : nullptr);
   try {
     copies_.finish();
   } catch (...) {  // which copy failed is unknown: no in-tag is trusted
@@ -597,7 +597,6 @@ void pipeline::run(tag* const* outs, std::size_t out_count, tag* const* ins, std
       plan_host_memory(outs_.data(), outs_.size(), mode_, store_, cfg_.copy_piece_bytes);
       queue_out_copies();
       if (in_count == 0 && dev_.peers()) open_sink();
-
     } catch (...) {  // nothing is unmapped yet: every tag is as it was
       try {
         copies_.finish();

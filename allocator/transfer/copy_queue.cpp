@@ -72,8 +72,7 @@ void copy_queue::choose_lanes() {
     lanes_.push_back({});
     lanes_.back().stream = dev_.h2d_stream(i);
   }
-  for (lane& l : lanes_)
-    l.in_flight.reserve(l.kernel != nullptr ? kernel_lane_depth : engine_lane_depth);
+  for (lane& l : lanes_) l.in_flight.reserve(depth(l, false));
 }
 
 void copy_queue::to_device(const backup_piece& p, const char* tag) {
@@ -127,11 +126,7 @@ bool copy_queue::hand_out() {
     for (lane& l : lanes_) {
       if (l.kernel != nullptr && !kernel_wanted) continue;  // the copy engines copy on
       if (l.in_flight.empty()) progressed(l, now);
-      // While the kernel copies, the engines' lanes are as short as its own: they are the slow
-      // ones then, and what they hold finishes last.
-      const std::size_t depth =
-          l.kernel != nullptr || kernel_wanted ? kernel_lane_depth : engine_lane_depth;
-      while (l.in_flight.size() < depth && next_waiting_ < waiting_.size()) {
+      while (l.in_flight.size() < depth(l, kernel_wanted) && next_waiting_ < waiting_.size()) {
         const waiting& w = waiting_[next_waiting_++];
         if (l.kernel != nullptr) {
           l.kernel->launch(w.piece.dev, w.piece.host, w.piece.bytes);

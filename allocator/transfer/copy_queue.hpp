@@ -122,6 +122,11 @@ class copy_queue {
     std::chrono::steady_clock::time_point progress;  // a piece finished, or the first began
     std::uint64_t others_then = 0;                   // engine_finished_ then
   };
+  // How many pieces `l` holds at most; while the kernel is wanted the engines' lanes are as short
+  // as its own: they are the slow ones then, and what they hold finishes last.
+  static std::size_t depth(const lane& l, bool kernel_wanted) noexcept {
+    return l.kernel != nullptr || kernel_wanted ? kernel_lane_depth : engine_lane_depth;
+  }
   // The lane made progress at `now` (a piece finished, or it took one while empty).
   void progressed(lane& l, std::chrono::steady_clock::time_point now) const noexcept {
     l.progress = now;
