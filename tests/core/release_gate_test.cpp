@@ -30,13 +30,14 @@ class switch_gate final : public release_gate {
   }
 };
 
-// Sets the device's gate for one test and takes it away at the end, whatever happens.
-struct gate_set {
+// Device 0 with `gate` set on its release queue for one test, taken away at the end whatever
+// happens.
+struct gated {
+  runtime::hold h;
   device& dev;
-  gate_set(device& d, release_gate& g, std::chrono::milliseconds bound) : dev(d) {
-    dev.releases().set_gate(&g, bound);
-  }
-  ~gate_set() { dev.releases().set_gate(nullptr, std::chrono::milliseconds(0)); }
+  switch_gate gate;
+  explicit gated(std::chrono::milliseconds bound) : dev(h.dev(0)) { dev.releases().set_gate(&gate, bound); }
+  ~gated() { dev.releases().set_gate(nullptr, std::chrono::milliseconds(0)); }
 };
 
 // One handle of the device's granularity, created and pushed to its release queue.
@@ -61,10 +62,9 @@ bool within_10s(Done done) {
 }
 
 TEST_F(ReleaseGate, QueuedMemoryWaitsWhileCopiesRunAndGoesWhenTheyEnd) {
-  runtime::hold h;
-  device& dev = h.dev(0);
-  switch_gate gate;
-  gate_set on(dev, gate, std::chrono::seconds(60));
+  gated g(std::chrono::seconds(60));
+  device& dev = g.dev;
+  switch_gate& gate = g.gate;
   const std::size_t bytes = push_one(dev);
   // Asked at least twice: it polls, and it has not released in between.
   EXPECT_TRUE(within_10s([&] { return gate.asked.load() >= 2; }));
@@ -75,10 +75,9 @@ TEST_F(ReleaseGate, QueuedMemoryWaitsWhileCopiesRunAndGoesWhenTheyEnd) {
 }
 
 TEST_F(ReleaseGate, WaitEndsAtTheBound) {
-  runtime::hold h;
-  device& dev = h.dev(0);
-  switch_gate gate;  // copies never end
-  gate_set on(dev, gate, std::chrono::milliseconds(300));
+  gated g(std::chrono::milliseconds(300));  // copies never end
+  device& dev = g.dev;
+  switch_gate& gate = g.gate;
   const auto start = std::chrono::steady_clock::now();
   push_one(dev);
   EXPECT_TRUE(within_10s([&] { return dev.releases().pending_bytes() == 0; }))
@@ -89,10 +88,9 @@ TEST_F(ReleaseGate, WaitEndsAtTheBound) {
 
 // tagmem_wait_released waits while copies run, then releases on the caller's thread.
 TEST_F(ReleaseGate, WaitReleasedWaitsForRunningCopies) {
-  runtime::hold h;
-  device& dev = h.dev(0);
-  switch_gate gate;
-  gate_set on(dev, gate, std::chrono::hours(1));
+  gated g(std::chrono::hours(1));
+  device& dev = g.dev;
+  switch_gate& gate = g.gate;
   push_one(dev);
   std::atomic<bool> ended{false};
   std::thread copies([&] {  // the copies end once the caller has asked a few times
@@ -108,10 +106,9 @@ TEST_F(ReleaseGate, WaitReleasedWaitsForRunningCopies) {
 
 // ... at most the gate's bound, as the thread.
 TEST_F(ReleaseGate, WaitReleasedWaitsAtMostTheBound) {
-  runtime::hold h;
-  device& dev = h.dev(0);
-  switch_gate gate;  // copies never end
-  gate_set on(dev, gate, std::chrono::milliseconds(300));
+  gated g(std::chrono::milliseconds(300));  // copies never end
+  device& dev = g.dev;
+  switch_gate& gate = g.gate;
   push_one(dev);
   const auto start = std::chrono::steady_clock::now();
   TAGMEM_OK(tagmem_wait_released(0));
@@ -122,10 +119,9 @@ TEST_F(ReleaseGate, WaitReleasedWaitsAtMostTheBound) {
 
 // drain() (what tagmem does on running out of memory) does not wait for them.
 TEST_F(ReleaseGate, DrainDoesNotWaitForRunningCopies) {
-  runtime::hold h;
-  device& dev = h.dev(0);
-  switch_gate gate;  // copies never end
-  gate_set on(dev, gate, std::chrono::hours(1));
+  gated g(std::chrono::hours(1));  // copies never end
+  device& dev = g.dev;
+  switch_gate& gate = g.gate;
   push_one(dev);
   EXPECT_EQ(dev.releases().drain(), CUDA_SUCCESS);
   EXPECT_EQ(dev.releases().pending_bytes(), 0u);
