@@ -21,6 +21,13 @@
 //    and a process that exits waits for them in an atexit handler, so no thread is cut off in a
 //    driver call. A process killed meanwhile loses what it would lose without early return: its
 //    memory goes back with it, and no handle it gave depends on it any more.
+//
+// Note [drop before copying]: an offload first waits for all work queued on the device (Note
+// [offload waits]), and that includes the copies of an offload that returned early; with handoff
+// it also waits for that offload's end before returning. So a caller that offloads some tags with a
+// backup and others without, in two calls, makes the DISCARD call first: its memory then goes (to
+// the driver or to a process of the job) at once, instead of after every byte of the others was
+// copied. tagmem's own callers do (the torch_memory_saver drop-in's pause, vLLM's sleep).
 #pragma once
 
 #include <condition_variable>

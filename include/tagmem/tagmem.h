@@ -263,7 +263,10 @@ TAGMEM_API tagmem_status tagmem_pointer_info(const void* ptr, char* tag, size_t 
  * something else needs it (docs/design.md, parked mappings): until then the addresses do not
  * fault. With TAGMEM_HANDOFF=on, what the job's processes do not take (DISCARD, and BACKUP while
  * one of them copies a reload on this GPU) waits in the background, while such copies run, before
- * it goes back to the driver (docs/handoff.md).
+ * it goes back to the driver (docs/handoff.md). With TAGMEM_OFFLOAD_RETURN=queued the call
+ * returns once every copy is queued, and the tags stay locked until their copies end
+ * (docs/handoff.md). The wait for the device's work includes those copies, so offload DISCARD tags
+ * before BACKUP ones when both go out: their memory is then free at once.
  * The list is checked first (unknown tag, already offloaded, duplicates): on such an error no tag
  * is changed. A failure while copying leaves every tag resident with its bytes intact, and so
  * does HOST_OUT_OF_MEMORY when the backups do not fit in the host budget (tagmem_host_reserve).

@@ -59,6 +59,14 @@ bool env_true(const char* name) {
   return v && (std::strcmp(v, "1") == 0 || strcasecmp(v, "true") == 0);
 }
 
+// Whether an offload returns with its copies queued (TAGMEM_OFFLOAD_RETURN=queued; tagmem reads
+// it when it starts). Then a pause does not wait for the memory to go back to the driver, which
+// would wait for the copies.
+bool offload_returns_early() {
+  const char* v = std::getenv("TAGMEM_OFFLOAD_RETURN");
+  return v && std::strcmp(v, "queued") == 0;
+}
+
 bool valid_backend(const char* b) {
   return b && (std::strcmp(b, "pinned") == 0 || std::strcmp(b, "mmap") == 0);
 }
@@ -403,7 +411,8 @@ TMS_EXPORT bool tms_get_retain_cpu_backup() {
 
 // Pauses `tag` (NULL or "": every tag configured through these functions) on every device: its
 // tagmem tags that want a CPU copy with BACKUP, a disk copy with BACKUP_DISK, the others with
-// DISCARD; returns once the memory is back with the driver. The caller has finished the work that
+// DISCARD; returns once the memory is back with the driver (with TAGMEM_OFFLOAD_RETURN=queued, once
+// the copies are queued: Note [early return]). The caller has finished the work that
 // uses the memory (torch_memory_saver's callers synchronise first). Returns a tagmem_status: a
 // named tag that is paused already (none of its tagmem tags resident) is TAG_OFFLOADED (tagmem is
 // stricter than torch_memory_saver here); a tag with no memory anywhere has nothing to pause (0).
@@ -422,10 +431,12 @@ TMS_EXPORT int tms_pause(const char* tag) {
       if (named && !here.empty()) return TAGMEM_ERROR_TAG_OFFLOADED;
       continue;
     }  // no context is made on devices unused here
+    // What has no copy goes first (Note [drop before copying]).
+    if (int s = offload_group(discard, d, TAGMEM_DISCARD)) return s;
     if (int s = offload_group(backup, d, TAGMEM_BACKUP)) return s;
     if (!disk.empty()) ensure_disk_dir();
     if (int s = offload_group(disk, d, TAGMEM_BACKUP_DISK)) return s;
-    if (int s = offload_group(discard, d, TAGMEM_DISCARD)) return s;
+    if (offload_returns_early()) continue;  // the copies run on (Note [early return])
     if (int s = tagmem_wait_released(d)) return s;
   }
   return TAGMEM_SUCCESS;

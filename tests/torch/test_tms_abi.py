@@ -361,3 +361,41 @@ def test_a_freed_allocations_cpu_backup_is_no_longer_pinned(run_under_shim):
         {},
     )
     assert out == {"active": [True, True, True, True, False], "paused": [True, True, False]}
+
+
+def test_with_early_return_a_pause_drops_first_and_returns_with_the_copies_running(
+    run_under_shim, io
+):
+    # An engine's pause of every tag with TAGMEM_OFFLOAD_RETURN=queued: the kv cache, which has no
+    # backup, is unmapped first (an offload begins by waiting for the device, whose work would
+    # otherwise hold the weights' copies), and the pause returns with the weights' copies still
+    # running (the emulated copies slowed to 1 MiB/s: the weights take seconds), not after them.
+    # The weights' bytes come back whole at the resume.
+    if not io.is_emulator():
+        pytest.skip("slows the emulated driver's copies")
+    out = run_under_shim(
+        """
+        emu = io.cu
+        emu.tagmem_emu_live_mappings.restype = ctypes.c_uint64
+        set_config("engine", True, True)
+        w, dw = filled(4 << 20)
+        set_config("engine", True, False)
+        kv, dkv = filled(4 << 20)
+        set_config("default", False, False)
+        kv_maps = tagmem.stats("engine+no_backup")["mappings"]
+        before = emu.tagmem_emu_live_mappings()
+        emu.tagmem_emu_set_copy_bytes_per_second(ctypes.c_uint64(1 << 20))
+        out = {"kv_maps": kv_maps, "pause": p.tms_pause(None)}
+        out["unmapped"] = before - emu.tagmem_emu_live_mappings()
+        emu.tagmem_emu_set_copy_bytes_per_second(ctypes.c_uint64(0))
+        out["states"] = [tagmem.state("engine"), tagmem.state("engine+no_backup")]
+        out["resume"] = p.tms_resume(None)
+        out["kept"] = io.read(w, len(dw)) == dw
+        print(json.dumps(out))
+        """,
+        {"TAGMEM_OFFLOAD_RETURN": "queued"},
+    )
+    assert out["pause"] == 0 and out["kv_maps"] > 0
+    assert out["unmapped"] == out["kv_maps"]  # the kv cache's mappings, none of the weights'
+    assert out["states"] == ["offloaded_backup", "offloaded_discard"]
+    assert out["resume"] == 0 and out["kept"]

@@ -258,6 +258,35 @@ def test_torch_mode_one_tag_with_and_without_a_backup_keeps_only_the_backed_up_b
         tagmem.raw_free(ptr)
 
 
+def test_torch_mode_pause_of_every_tag_drops_before_it_copies(torch_free, io, rng, monkeypatch):
+    # Each offload first waits for the device, and with early return that includes the copies
+    # of the offload before it (Note [drop before copying]): pause() offloads the regions without
+    # a backup before those with one, so that their memory is free at once. Then the bytes come
+    # back whole.
+    saver = dropin.TorchMemorySaver()
+    saver.hook_mode = "torch"
+    tags = [f"w{rng.randrange(1 << 30)}", f"kv{rng.randrange(1 << 30)}"]
+    with saver.region(tag=tags[0], enable_cpu_backup=True):
+        w = tagmem.raw_alloc(rng.randrange(1, 64) << 12)
+    with saver.region(tag=tags[1]):
+        kv = tagmem.raw_alloc(rng.randrange(1, 64) << 12)
+    nbytes = tagmem.pointer_info(w)["size"]
+    data = rng.randbytes(nbytes)
+    io.write(w, data)
+    calls = []
+    real = dropin._api.offload
+    monkeypatch.setattr(
+        dropin._api, "offload",
+        lambda names, mode, d=None: (calls.append((sorted(names), mode)), real(names, mode, d))[1],
+    )
+    saver.pause()
+    assert calls == [([tags[1]], tagmem.DISCARD), ([tags[0]], tagmem.BACKUP)]
+    saver.resume()
+    assert io.read(w, nbytes) == data
+    for ptr in (w, kv):
+        tagmem.raw_free(ptr)
+
+
 def test_torch_mode_disk_backup_spills_to_files_and_restores_them(torch_free, io, rng, tmp_path):
     # torch_memory_saver's disk_backup example in torch mode: a region of the default tag backed up
     # to disk beside one without a backup. PyTorch's caching allocator asks the region's pool for a

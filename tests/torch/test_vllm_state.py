@@ -72,6 +72,23 @@ def test_sleep_leaves_the_copies_running_when_offloads_return_early(
     assert io.read(p, len(data)) == data
 
 
+def test_sleep_drops_the_kv_cache_before_it_copies_the_weights(allocator, io, rng):
+    # Each offload first waits for the device, and with early return that includes the copies
+    # of the offload before it (Note [drop before copying]): the kv cache goes first, so that
+    # its memory is free at once. Then the weights come back whole.
+    calls = []
+    fake = vllm._tt()
+    real = fake.offload
+    fake.offload = lambda tags, mode, d=None: (
+        calls.append((list(tags), mode)), real(tags, mode, d))[1]
+    p, data = filled(allocator, io, rng, "weights")
+    filled(allocator, io, rng, "kv_cache")
+    allocator.sleep(offload_tags=("weights",))
+    assert calls == [(["kv_cache"], tagmem.DISCARD), (["weights"], tagmem.BACKUP)]
+    allocator.wake_up()
+    assert io.read(p, len(data)) == data
+
+
 @pytest.mark.parametrize("release", ["1", "0"])
 def test_the_sleep_backend_gives_pinned_host_memory_back_when_vllm_asks(
     allocator, io, rng, monkeypatch, release

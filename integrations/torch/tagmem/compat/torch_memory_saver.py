@@ -579,7 +579,9 @@ class _Impl:
             work.append((d, names))
         for d, names in work:
             _torch().cuda.synchronize(d)
-            for mode in (_api.BACKUP, _api.DISK, _api.DISCARD):
+            # What has no copy first (Note [drop before copying]), so that its memory is free
+            # at once, also with the copies of an early return still to run.
+            for mode in (_api.DISCARD, _api.BACKUP, _api.DISK):
                 group = [n for n in names if _backups.mode(n) == mode]
                 if group:
                     if mode == _api.DISK:

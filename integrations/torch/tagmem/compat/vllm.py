@@ -63,10 +63,10 @@ def _in_state(names, d, wanted):
 
 def _offload_split(keep, drop, d):
     tt = _tt()
+    if drop:  # first (Note [drop before copying]): its memory is free at once
+        tt.offload(drop, tt.DISCARD, d)
     if keep:
         tt.offload(keep, tt.BACKUP, d)
-    if drop:
-        tt.offload(drop, tt.DISCARD, d)
     if not _api.offload_returns_early():  # TAGMEM_OFFLOAD_RETURN=queued: the copies run on
         _api.wait_released(d)  # as in vLLM, the memory is free for others once this returns
 
