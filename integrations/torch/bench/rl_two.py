@@ -2,10 +2,12 @@
 
 The C benchmark's rl_two_process scenario through the torch_memory_saver API and PyTorch tensors:
 the trainer holds weights and optimizer state (backed up), the engine its own weights (backed up)
-and a kv cache (discarded). A cycle is engine pause, trainer resume, trainer pause, engine resume;
-a switch runs from the start of the outgoing pause to the end of the incoming resume (one
-monotonic clock for both processes). The engine's resume also times its kv cache alone, after its
-weights are back (what a rollout engine waits for before it can take requests). Methods, each pair of processes fresh:
+and a kv cache (discarded). A cycle is engine pause, trainer resume, trainer pause, engine resume,
+as the C benchmark calls them: a pause takes every tag of its side in one call, the trainer's
+resume too, the engine's resume its weights and then its kv cache. A switch runs from the start
+of the outgoing pause to the end of the incoming resume (one monotonic clock for both processes).
+The engine's resume also times its kv cache alone, after its weights are back (what a rollout
+engine waits for before it can take requests). Methods, each pair of processes fresh:
 
 - ``tagmem``: tagmem's torch_memory_saver drop-in, memory back with the driver between the sides;
 - ``tagmem_handoff``: the same with TAGMEM_HANDOFF=on and one TAGMEM_JOB for both processes;
@@ -13,11 +15,19 @@ weights are back (what a rollout engine waits for before it can take requests). 
 - ``tagmem_early``: handoff, TAGMEM_OFFLOAD_RETURN=queued, the calls one after the other;
 - ``tms_retain``: torch_memory_saver itself (retain_cpu_backup), when it imports.
 
+Two shapes, as the C benchmark's: ``roomy``, a kv cache of ``--kv-gib`` (both sides fit at once on a
+141 GiB H200, not on an 80 GB card), and ``tight``, where the engine sizes its kv cache to leave
+under 2 GiB of the device free with the engine resident, as an engine that fills the device does
+(vLLM's ``gpu_memory_utilization``), so that neither side can reload before the other gives memory
+back. ``--step-ms`` waits between switches, as a training step and a rollout separate them in an RL
+loop (default 0: back to back).
+
 Each switch is set beside the overlapped limit of this run (the larger direction at the rate of
 both directions at once, measured in the trainer with two streams). After cycle 1 and the last,
 each side checks its backed-up tensors against fingerprints taken before the first.
 
     python3 integrations/torch/bench/rl_two.py                       # all methods, 8B shapes
+    python3 integrations/torch/bench/rl_two.py --shapes tight,roomy --step-ms 500 --cycles 3
     python3 integrations/torch/bench/rl_two.py --layers 2 --scale 8 --kv-gib 1 --cycles 3
 """
 
@@ -35,6 +45,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from rl_cycle import add_workload_args  # noqa: E402  (this directory, not a package)
 
 GB = 1e9
+GIB = 1 << 30
+SHAPES = ("roomy", "tight")
+TIGHT_FREE = int(1.5 * GIB)  # what a tight engine leaves free: under the 2 GiB the shape promises
 METHODS = ("tagmem", "tagmem_handoff", "tagmem_overlap", "tagmem_early", "tms_retain")
 
 
@@ -86,7 +99,14 @@ def child(args):
     else:
         with saver.region("engine_weights", enable_cpu_backup=True):
             tensors = make_parameters(shapes, seed=2)
-        per = int(args.kv_gib * (1 << 30) / 32) // 2 * 2
+        kv_bytes = args.kv_gib * GIB
+        if args.shape == "tight":  # fill the device but TIGHT_FREE, as an engine sized to it does
+            torch.cuda.synchronize()
+            kv_bytes = torch.cuda.mem_get_info()[0] - TIGHT_FREE
+        per = int(kv_bytes / 32) // (2 << 20) * (2 << 20)  # whole 2 MiB pages: no slack mapped
+        if per <= 0:
+            answer("fail no room for a kv cache")
+            return 1
         with saver.region("engine_kv", enable_cpu_backup=False):
             kv = [torch.empty(per // 2, dtype=torch.bfloat16, device="cuda") for _ in range(32)]
         backed, discarded = ["engine_weights"], ["engine_kv"]
@@ -106,12 +126,17 @@ def child(args):
         return f"ok {t0} {time.monotonic_ns()}"
 
     def pause():
-        for tag in discarded + backed:  # the kv cache first: nothing to copy, its memory at once
-            saver.pause(tag)
+        # Every tag of the side in one call, as a trainer under slime pauses: the drop-in offloads
+        # the kv cache first (nothing to copy, its memory free at once), then the backed-up tags
+        # together (Note [drop before copying]).
+        saver.pause()
 
     kv_ns = [0]  # the last resume's kv cache alone (the engine's), reported after its switch
 
     def resume():
+        if not discarded:  # the trainer: every tag in one call
+            saver.resume()
+            return
         for tag in backed:  # the weights first: their copies start at once
             saver.resume(tag)
         if discarded:
@@ -127,7 +152,7 @@ def child(args):
         nbytes = sum(t.numel() * t.element_size() for t in tensors)
         answer("ready " + " ".join(f"{x:.3f}" for x in rates) + f" {nbytes}")
     else:
-        answer("ready")
+        answer(f"ready {32 * per}")
     for line in sys.stdin:
         cmd = line.strip()
         try:
@@ -139,6 +164,13 @@ def child(args):
                 answer(timed(pause, after=False))
             elif cmd == "resume":
                 answer(timed(resume) + f" {kv_ns[0]}")
+            elif cmd == "settle":  # a queued pause's copies done, its memory back with the driver
+                torch.cuda.synchronize()
+                if args.method != "tms_retain":
+                    import tagmem
+
+                    tagmem.wait_released()
+                answer("ok")
             elif cmd == "verify":
                 after = fingerprint(torch, tensors)
                 same = all(a[0] == b[0] and torch.equal(a[1], b[1]) and torch.equal(a[2], b[2])
@@ -161,7 +193,7 @@ class Side:
     def __init__(self, role, args, env):
         cmd = [sys.executable, os.path.abspath(__file__), "--child", role, "--method", args.method,
                "--layers", str(args.layers), "--scale", str(args.scale), "--kv-gib",
-               str(args.kv_gib), "--link-gib", str(args.link_gib)]
+               str(args.kv_gib), "--link-gib", str(args.link_gib), "--shape", args.shape]
         if args.tms_hook_mode:
             cmd += ["--tms-hook-mode", args.tms_hook_mode]
         self.role = role
@@ -196,7 +228,7 @@ class Side:
         return self.p.wait(timeout=120)
 
 
-def run_method(args, method):
+def run_method(args, method, shape):
     env = dict(os.environ)
     for k in ("TAGMEM_HANDOFF", "TAGMEM_OFFLOAD_RETURN"):
         env.pop(k, None)
@@ -210,11 +242,14 @@ def run_method(args, method):
         env["TMS_RETAIN_CPU_BACKUP"] = "1"
     a = argparse.Namespace(**vars(args))
     a.method = method
+    a.shape = shape
     at_once = method == "tagmem_overlap"
     trainer = Side("trainer", a, env)
     h2d, d2h, both, trainer_bytes = (float(x) for x in trainer.ready)
     trainer.ask("pause")  # so that the engine fits
+    trainer.ask("settle")  # and a tight engine sizes its kv cache to the device without it
     engine = Side("engine", a, env)
+    kv_bytes = int(engine.ready[0])
     to_trainer, to_engine, kv_resume = [], [], []
 
     def switch(out, inn):
@@ -228,21 +263,26 @@ def run_method(args, method):
             kv_resume.append(int(r[2]) / 1e9)
         return (int(r[1]) - min(int(p[0]), int(r[0]))) / 1e9
 
+    def step():
+        time.sleep(args.step_ms / 1e3)
+
     try:
         for c in range(args.cycles):
             check = c == 0 or c == args.cycles - 1
             to_trainer.append(switch(engine, trainer))
             if check:
                 trainer.ask("verify")
+            step()
             to_engine.append(switch(trainer, engine))
             if check:
                 engine.ask("verify")
-            print(f"[{method}] cycle {c + 1}: switch to trainer {to_trainer[-1] * 1e3:.1f} ms, "
-                  f"to engine {to_engine[-1] * 1e3:.1f} ms", flush=True)
+            step()
+            print(f"[{method}, {shape}] cycle {c + 1}: switch to trainer "
+                  f"{to_trainer[-1] * 1e3:.1f} ms, to engine {to_engine[-1] * 1e3:.1f} ms", flush=True)
     finally:
         rc = (engine.close(), trainer.close())
-    return {"method": method, "to_trainer": to_trainer, "to_engine": to_engine,
-            "kv_resume": kv_resume, "link": (h2d, d2h, both), "trainer_bytes": trainer_bytes,
+    return {"method": method, "shape": shape, "kv_bytes": kv_bytes, "to_trainer": to_trainer,
+            "to_engine": to_engine, "kv_resume": kv_resume, "link": (h2d, d2h, both), "trainer_bytes": trainer_bytes,
             "exit": rc}
 
 
@@ -261,40 +301,54 @@ def limits(trainer_bytes, link):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--method", default="all", choices=METHODS + ("all",))
+    ap.add_argument("--method", "--methods", dest="method", default="all",
+                    help=f"all, or a comma-separated list of {', '.join(METHODS)} (default: all)")
     add_workload_args(ap)
+    ap.add_argument("--shapes", default="roomy",
+                    help=f"a comma-separated list of {', '.join(SHAPES)} (default: roomy)")
+    ap.add_argument("--step-ms", type=float, default=0.0,
+                    help="wait this long between switches (default 0: back to back)")
     ap.add_argument("--child", choices=("trainer", "engine"), help=argparse.SUPPRESS)
+    ap.add_argument("--shape", choices=SHAPES, default="roomy", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.child:
         args.role = args.child
         return child(args)
-    methods = METHODS if args.method == "all" else (args.method,)
+    methods = METHODS if args.method == "all" else tuple(args.method.split(","))
+    shapes = tuple(args.shapes.split(","))
+    for name, given, known in (("method", methods, METHODS), ("shape", shapes, SHAPES)):
+        if not set(given) <= set(known):
+            ap.error(f"--{name}: one of {', '.join(known)} expected, not {','.join(given)}")
     rows, failed = [], False
-    for m in methods:
-        if m == "tms_retain" and importlib.util.find_spec("torch_memory_saver") is None:
-            rows.append(f"| {m} | skipped: torch_memory_saver is not importable | | | |")
-            continue
-        try:
-            r = run_method(args, m)
-        except Exception as e:
-            print(f"[{m}] ERROR: {e}", flush=True)
-            rows.append(f"| {m} | ERROR: {e} | | | |")
-            failed = failed or m.startswith("tagmem")
-            continue
-        lt, le = limits(r["trainer_bytes"], r["link"])
-        cells = []
-        for sw, lim in ((r["to_trainer"], lt), (r["to_engine"], le)):
-            steady = statistics.median(sw[1:] or sw)
-            cells.append(f"{sw[0] * 1e3:.1f} / {steady * 1e3:.1f} ms ({steady / lim:.2f} x limit "
-                         f"{lim * 1e3:.0f} ms)")
-        kv = r["kv_resume"]
-        cells.append(f"{kv[0] * 1e3:.2f} / {statistics.median(kv[1:] or kv) * 1e3:.2f} ms")
-        h2d, d2h, both = r["link"]
-        rows.append(f"| {m} | {' | '.join(cells)} | {h2d:.1f} / {d2h:.1f} / {both:.1f} |")
+    for shape in shapes:
+        for m in methods:
+            if m == "tms_retain" and importlib.util.find_spec("torch_memory_saver") is None:
+                rows.append(f"| {m} | {shape} | skipped: torch_memory_saver is not importable "
+                            "| | | |")
+                continue
+            try:
+                r = run_method(args, m, shape)
+            except Exception as e:
+                print(f"[{m}, {shape}] ERROR: {e}", flush=True)
+                rows.append(f"| {m} | {shape} | ERROR: {e} | | | |")
+                failed = failed or m.startswith("tagmem")
+                continue
+            lt, le = limits(r["trainer_bytes"], r["link"])
+            cells = []
+            for sw, lim in ((r["to_trainer"], lt), (r["to_engine"], le)):
+                steady = statistics.median(sw[1:] or sw)
+                cells.append(f"{sw[0] * 1e3:.1f} / {steady * 1e3:.1f} ms ({steady / lim:.3f} x "
+                             f"limit {lim * 1e3:.0f} ms)")
+            kv = r["kv_resume"]
+            cells.append(f"{kv[0] * 1e3:.2f} / {statistics.median(kv[1:] or kv) * 1e3:.2f} ms")
+            h2d, d2h, both = r["link"]
+            rows.append(f"| {m} | {shape}, kv {r['kv_bytes'] / GIB:.1f} GiB | {' | '.join(cells)} "
+                        f"| {h2d:.1f} / {d2h:.1f} / {both:.1f} |")
     print()
-    print("| method | switch to trainer c1 / steady | switch to engine c1 / steady "
+    print(f"step between switches: {args.step_ms:g} ms")
+    print("| method | shape | switch to trainer c1 / steady | switch to engine c1 / steady "
           "| engine kv resume c1 / steady | link H2D / D2H / both GB/s |")
-    print("|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|")
     print("\n".join(rows))
     return 1 if failed else 0
 
