@@ -59,13 +59,9 @@ bool env_true(const char* name) {
   return v && (std::strcmp(v, "1") == 0 || strcasecmp(v, "true") == 0);
 }
 
-// Whether an offload returns with its copies queued (TAGMEM_OFFLOAD_RETURN=queued; tagmem reads
-// it when it starts). Then a pause does not wait for the memory to go back to the driver, which
-// would wait for the copies.
-bool offload_returns_early() {
-  const char* v = std::getenv("TAGMEM_OFFLOAD_RETURN");
-  return v && std::strcmp(v, "queued") == 0;
-}
+// Whether an offload returns with its copies queued (TAGMEM_OFFLOAD_RETURN=queued). Then a pause
+// does not wait for the memory to go back to the driver, which would wait for the copies.
+bool offload_returns_early() { return option_choice(option::OFFLOAD_RETURN) == 1; }
 
 bool valid_backend(const char* b) {
   return b && (std::strcmp(b, "pinned") == 0 || std::strcmp(b, "mmap") == 0);
