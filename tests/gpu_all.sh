@@ -12,7 +12,8 @@
 #   bash tests/gpu_all.sh handoff  two processes on one GPU: the handoff suites
 #                                  (tests/handoff/gpu_filter.txt) and the rl_two_process
 #                                  benchmark in every variant and shape, and the overlapping
-#                                  ones with a step between switches (docs/handoff.md) (1 GPU)
+#                                  ones with a step between switches, and the overlapping
+#                                  switch through PyTorch (docs/handoff.md) (1 GPU)
 #   bash tests/gpu_all.sh multi    tests/preload/gpu_run.sh and FSDP2 (2 GPUs)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -72,6 +73,13 @@ case $part in
     step rl_two_step 200 "$build/benchmarks/tagmem_bench_offload" --scenarios=raw,rl_two_process \
       --rl-variants=overlap,overlap_early --rl-two-shapes=tight,roomy --cycles=3 \
       --rl-two-step-ms=500 --tsv="$out/rl_two_step.tsv"
+    # The same switch through PyTorch (docs/handoff.md, "The same switch in PyTorch"); the
+    # tms_retain row when torch_memory_saver imports.
+    step torch_rl_two 300 env TAGMEM_LIBRARY="$build/allocator/libtagmem.so.1" \
+      TAGMEM_TORCH_LIBRARY="$build/integrations/torch/libtagmem_torch_alloc.so" \
+      PYTHONPATH="$PWD/integrations/torch${PYTHONPATH:+:$PYTHONPATH}" \
+      python3 integrations/torch/bench/rl_two.py --methods tagmem_overlap,tagmem_early,tms_retain \
+      --shapes tight,roomy --step-ms 500 --cycles 3
     ;;
   multi)
     step preload 420 bash tests/preload/gpu_run.sh "$build" "$out/preload"
