@@ -143,13 +143,12 @@ def child(args):
             return
         for tag in backed:  # the weights first: their copies start at once
             saver.resume(tag)
-        if discarded:
-            torch.cuda.synchronize()
-            t0 = time.monotonic_ns()
-            for tag in discarded:
-                saver.resume(tag)
-            torch.cuda.synchronize()
-            kv_ns[0] = time.monotonic_ns() - t0
+        torch.cuda.synchronize()
+        t0 = time.monotonic_ns()
+        for tag in discarded:
+            saver.resume(tag)
+        torch.cuda.synchronize()
+        kv_ns[0] = time.monotonic_ns() - t0
 
     if args.role == "trainer":  # the link, and the bytes the trainer backs up
         rates = link_rates(torch, int(args.link_gib * (1 << 30)))
