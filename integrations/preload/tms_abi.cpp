@@ -42,7 +42,7 @@
 #include <utility>
 #include <vector>
 
-#include "api/runtime.hpp"  // option_env: the settings table
+#include "api/runtime.hpp"  // option_env: the settings table; the runtime's settings
 #include "shim_config.hpp"
 #include "tagmem/tagmem.h"
 #include "tagmem/tagmem_preload.h"
@@ -59,9 +59,16 @@ bool env_true(const char* name) {
   return v && (std::strcmp(v, "1") == 0 || strcasecmp(v, "true") == 0);
 }
 
-// Whether an offload returns with its copies queued (TAGMEM_OFFLOAD_RETURN=queued). Then a pause
-// does not wait for the memory to go back to the driver, which would wait for the copies.
-bool offload_returns_early() { return option_choice(option::OFFLOAD_RETURN) == 1; }
+// Whether this process's offloads return with their copies queued (TAGMEM_OFFLOAD_RETURN=queued,
+// as tagmem read it when it started). Then a pause does not wait for the memory to go back to the
+// driver, which would wait for the copies.
+bool offload_returns_early() noexcept {
+  try {
+    return runtime::hold().settings().offload_return_queued;
+  } catch (...) {  // no runtime could be made: nothing was offloaded, early or not
+    return false;
+  }
+}
 
 bool valid_backend(const char* b) {
   return b && (std::strcmp(b, "pinned") == 0 || std::strcmp(b, "mmap") == 0);
