@@ -11,6 +11,7 @@
 #include "device/release_queue.hpp"
 #include "driver/context_guard.hpp"
 #include "driver/driver.hpp"
+#include "eventually.hpp"
 #include "test_support.hpp"
 
 namespace tagmem::test {
@@ -36,7 +37,9 @@ struct gated {
   runtime::hold h;
   device& dev;
   switch_gate gate;
-  explicit gated(std::chrono::milliseconds bound) : dev(h.dev(0)) { dev.releases().set_gate(&gate, bound); }
+  explicit gated(std::chrono::milliseconds bound) : dev(h.dev(0)) {
+    dev.releases().set_gate(&gate, bound);
+  }
   ~gated() { dev.releases().set_gate(nullptr, std::chrono::milliseconds(0)); }
 };
 
@@ -50,37 +53,25 @@ std::size_t push_one(device& dev) {
   return dev.granularity();
 }
 
-// Polls `done` every ms for at most 10 s (a bound, not a timing assertion).
-template <class Done>
-bool within_10s(Done done) {
-  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-  while (!done()) {
-    if (std::chrono::steady_clock::now() > until) return false;
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
-  return true;
-}
-
 TEST_F(ReleaseGate, QueuedMemoryWaitsWhileCopiesRunAndGoesWhenTheyEnd) {
   gated g(std::chrono::seconds(60));
   device& dev = g.dev;
   switch_gate& gate = g.gate;
   const std::size_t bytes = push_one(dev);
   // Asked at least twice: it polls, and it has not released in between.
-  EXPECT_TRUE(within_10s([&] { return gate.asked.load() >= 2; }));
+  EXPECT_TRUE(eventually([&] { return gate.asked.load() >= 2; }));
   EXPECT_EQ(dev.releases().pending_bytes(), bytes) << "released while copies ran";
   gate.running = false;
-  EXPECT_TRUE(within_10s([&] { return dev.releases().pending_bytes() == 0; }))
+  EXPECT_TRUE(eventually([&] { return dev.releases().pending_bytes() == 0; }))
       << "not released once the copies ended";
 }
 
 TEST_F(ReleaseGate, WaitEndsAtTheBound) {
   gated g(std::chrono::milliseconds(300));  // copies never end
   device& dev = g.dev;
-  switch_gate& gate = g.gate;
   const auto start = std::chrono::steady_clock::now();
   push_one(dev);
-  EXPECT_TRUE(within_10s([&] { return dev.releases().pending_bytes() == 0; }))
+  EXPECT_TRUE(eventually([&] { return dev.releases().pending_bytes() == 0; }))
       << "the bound did not end the wait";
   EXPECT_GE(std::chrono::steady_clock::now() - start, std::chrono::milliseconds(300))
       << "released before the bound while copies ran";
@@ -108,7 +99,6 @@ TEST_F(ReleaseGate, WaitReleasedWaitsForRunningCopies) {
 TEST_F(ReleaseGate, WaitReleasedWaitsAtMostTheBound) {
   gated g(std::chrono::milliseconds(300));  // copies never end
   device& dev = g.dev;
-  switch_gate& gate = g.gate;
   push_one(dev);
   const auto start = std::chrono::steady_clock::now();
   TAGMEM_OK(tagmem_wait_released(0));
@@ -121,7 +111,6 @@ TEST_F(ReleaseGate, WaitReleasedWaitsAtMostTheBound) {
 TEST_F(ReleaseGate, DrainDoesNotWaitForRunningCopies) {
   gated g(std::chrono::hours(1));  // copies never end
   device& dev = g.dev;
-  switch_gate& gate = g.gate;
   push_one(dev);
   EXPECT_EQ(dev.releases().drain(), CUDA_SUCCESS);
   EXPECT_EQ(dev.releases().pending_bytes(), 0u);

@@ -17,6 +17,7 @@
 #include <thread>
 #include <vector>
 
+#include "eventually.hpp"
 #include "peer.hpp"
 #include "tagmem/tagmem.h"
 
@@ -110,15 +111,6 @@ class shared_device_test : public ::testing::Test {
   fd_census before_;
 };
 
-// Polls `done` every 5 ms for at most 10 s (a bound, not a timing assertion).
-template <class Done>
-bool eventually(Done done) {
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-  while (!done()) {
-    if (std::chrono::steady_clock::now() > deadline) return false;
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  }
-  return true;
-}
+using test::eventually;
 
 }  // namespace tagmem::handoff_test
