@@ -16,7 +16,7 @@
 //   3. streams: stream queues and their workers, stream handles resolved against contexts;
 //   4. classic: cuMemAlloc and the stream-ordered pool, which waits on streams;
 //      host_memory: pinned host memory, which waits on streams; vmm, devices;
-//   5. events, copies: work queued on streams against the memory of the layers below;
+//   5. events, copies, memops: work queued on streams against the memory of the layers below;
 //      synchronize: the entry points that act on every layer (stream and context synchronize
 //      trim the pool; releasing a primary context drains its streams and frees its allocations).
 #pragma once
