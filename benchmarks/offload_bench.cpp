@@ -11,7 +11,8 @@
 //                        [--rl-variants=default,copy_engines,kernel_always,no_pin_ahead,
 //                        keep,settle,no_kv]
 //                        [--rl-discard-sweep=1G,2G,4G,8G]
-//                        [--rl-two-variants=default,handoff,overlap,overlap_early]
+//                        [--rl-two-variants=default,handoff,overlap,overlap_early,
+//                        overlap_early_shared]
 //                        [--rl-two-shapes=roomy,tight] [--rl-two-step-ms=0]
 //                        [--replica-gpus=1|2]
 //

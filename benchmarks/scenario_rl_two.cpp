@@ -15,7 +15,9 @@
 // the incoming resume called at the same time, so that the D2H and H2D copies share the link;
 // `overlap_early`, handoff with TAGMEM_OFFLOAD_RETURN=queued and the calls one after the other,
 // as a framework's RPCs make them (Note [early return]): the pause returns with its copies
-// queued. The engine pauses its kv cache before its weights and resumes its weights first; in
+// queued, and they give way to the other side's reload (Note [copies give way]);
+// `overlap_early_shared`, the same with TAGMEM_HANDOFF_GIVE_WAY=off: both share the link. The
+// engine pauses its kv cache before its weights and resumes its weights first; in
 // `handoff` it resumes the kv cache in a call of its own after the weights, timed apart (what
 // the trainer handed over maps without cuMemCreate: the kv cache is back in milliseconds). Shapes
 // (--rl-two-shapes): `roomy`, the sizes as given; `tight`, where the runner maps a ballast once
@@ -214,6 +216,7 @@ struct two_variant {
   bool handoff = false;
   bool at_once = false;  // pause and resume called at the same time
   bool early = false;    // TAGMEM_OFFLOAD_RETURN=queued
+  bool shared = false;   // TAGMEM_HANDOFF_GIVE_WAY=off
 };
 
 // Free device memory, sampled every millisecond on a thread of the runner; the minimum.
@@ -277,6 +280,7 @@ void run_one(env& e, const std::vector<std::string>& child_args, const two_varia
             {"TAGMEM_JOB", "rl-two-" + std::to_string(getpid()) + "-" + v.name + "-" + shape}};
   }
   if (v.early) vars.push_back({"TAGMEM_OFFLOAD_RETURN", "queued"});
+  if (v.shared) vars.push_back({"TAGMEM_HANDOFF_GIVE_WAY", "off"});
   const bool split_kv = v.handoff && !v.at_once && !v.early;
   if (split_kv) vars.push_back({"RL_TWO_SPLIT_KV", "1"});
   env_override settings(vars);
@@ -409,7 +413,8 @@ void run_one(env& e, const std::vector<std::string>& child_args, const two_varia
 }  // namespace
 
 bool is_rl_two_variant(const std::string& name) {
-  return name == "default" || name == "handoff" || name == "overlap" || name == "overlap_early";
+  return name == "default" || name == "handoff" || name == "overlap" || name == "overlap_early" ||
+         name == "overlap_early_shared";
 }
 
 void run_rl_two_process(env& e, const std::vector<std::string>& child_args) {
@@ -417,9 +422,12 @@ void run_rl_two_process(env& e, const std::vector<std::string>& child_args) {
   for (const std::string& want : split(e.opt.rl_two_variants)) {
     if (!is_rl_two_variant(want)) {
       throw std::runtime_error("--rl-two-variants: unknown variant '" + want +
-                               "' (default, handoff, overlap, overlap_early)");
+                               "' (default, handoff, overlap, overlap_early, "
+                               "overlap_early_shared)");
     }
-    variants.push_back({want, want != "default", want == "overlap", want == "overlap_early"});
+    const bool early = want == "overlap_early" || want == "overlap_early_shared";
+    variants.push_back(
+        {want, want != "default", want == "overlap", early, want == "overlap_early_shared"});
   }
   for (const std::string& shape : split(e.opt.rl_two_shapes)) {
     if (shape != "roomy" && shape != "tight") {

@@ -26,7 +26,7 @@ struct options {
   std::size_t link_bytes = 0;       // 4 GiB x scale (at least 64 MiB) unless given
   std::string rl_variants = "default,no_pin_ahead,keep,settle,no_kv";  // scenario_rl_cycle.cpp
   std::string rl_discard_sweep;  // TAGMEM_DISCARD_MAPPING_BYTES values for rl_cycle, "1G,2G"
-  // scenario_rl_two.cpp: default, handoff, overlap, overlap_early
+  // scenario_rl_two.cpp: default, handoff, overlap, overlap_early, overlap_early_shared
   std::string rl_two_variants = "default";
   std::string rl_two_shapes = "roomy";  // scenario_rl_two.cpp: roomy, tight
   int rl_two_step_ms = 0;  // scenario_rl_two.cpp: a side's work between its resume and its pause

@@ -68,17 +68,18 @@ case $part in
     step rl_two 300 "$build/benchmarks/tagmem_bench_offload" --scenarios=raw,rl_two_process \
       --rl-variants=default,handoff,overlap,overlap_early --rl-two-shapes=tight,roomy --cycles=3 \
       --tsv="$out/rl_two.tsv"
-    # The overlapping variants again with a step between switches, as in an RL loop (docs/handoff.md,
-    # "Leftovers wait for the copies").
-    step rl_two_step 200 "$build/benchmarks/tagmem_bench_offload" --scenarios=raw,rl_two_process \
-      --rl-variants=overlap,overlap_early --rl-two-shapes=tight,roomy --cycles=3 \
+    # The overlapping variants again with a step between switches, as in an RL loop, and early
+    # return with its copies sharing the link beside it giving way (docs/handoff.md, "Giving way").
+    step rl_two_step 240 "$build/benchmarks/tagmem_bench_offload" --scenarios=raw,rl_two_process \
+      --rl-variants=overlap,overlap_early,overlap_early_shared --rl-two-shapes=tight,roomy --cycles=3 \
       --rl-two-step-ms=500 --tsv="$out/rl_two_step.tsv"
     # The same switch through PyTorch (docs/handoff.md, "The same switch in PyTorch"); the
     # tms_retain row when torch_memory_saver imports.
-    step torch_rl_two 300 env TAGMEM_LIBRARY="$build/allocator/libtagmem.so.1" \
+    step torch_rl_two 400 env TAGMEM_LIBRARY="$build/allocator/libtagmem.so.1" \
       TAGMEM_TORCH_LIBRARY="$build/integrations/torch/libtagmem_torch_alloc.so" \
       PYTHONPATH="$PWD/integrations/torch${PYTHONPATH:+:$PYTHONPATH}" \
-      python3 integrations/torch/bench/rl_two.py --methods tagmem_overlap,tagmem_early,tms_retain \
+      python3 integrations/torch/bench/rl_two.py \
+      --methods tagmem_overlap,tagmem_early,tagmem_early_shared,tms_retain \
       --shapes tight,roomy --step-ms 500 --cycles 3
     ;;
   multi)

@@ -80,6 +80,7 @@ device::~device() {
   for (CUstream s : d2h_) api.cuStreamDestroy(s);
   for (CUstream s : h2d_) api.cuStreamDestroy(s);
   kernel_.unload();
+  ways_.free_page();
   for (CUevent e : free_events_) api.cuEventDestroy(e);
   api.cuCtxSetCurrent(previous);
   api.cuDevicePrimaryCtxRelease(dev_);

@@ -16,6 +16,7 @@
 #include "device/physical_flow.hpp"
 #include "device/physical_recycler.hpp"
 #include "device/release_queue.hpp"
+#include "device/way_words.hpp"
 #include "driver/context_guard.hpp"
 #include "host/metadata_heap.hpp"
 #include "options/config.hpp"
@@ -81,6 +82,8 @@ class device {
   // handoff/service.hpp); null without handoff. Set once, before any tag of the device exists.
   peer_memory* peers() noexcept { return peers_; }
   void set_peers(peer_memory* p) noexcept { peers_ = p; }
+  // Words the copy streams wait on while an offload gives way (Note [copies give way]).
+  way_words& ways() noexcept { return ways_; }
 
  private:
   template <class Use>
@@ -103,6 +106,7 @@ class device {
   meta_vector<CUevent> free_events_;
   release_queue releases_;
   physical_recycler recycler_;
+  way_words ways_;
 };
 
 }  // namespace tagmem

@@ -106,6 +106,10 @@ class peer_memory {
   // job's processes hold their releases back meanwhile (Note [releases wait for copies] in
   // release_queue.hpp).
   void copying(bool on) noexcept { do_copying(on); }
+  // Whether another process of the job has a reload copying with every run mapped now (its
+  // copying(true) .. copying(false)): an offload of this one may give it the link (Note [copies
+  // give way] in offload/give_way.hpp). Polled, every fraction of a millisecond.
+  bool others_copying() noexcept { return do_others_copying(); }
 
  protected:
   ~peer_memory() = default;
@@ -123,6 +127,7 @@ class peer_memory {
   virtual void do_waited(std::chrono::nanoseconds how_long, bool timed_out) noexcept = 0;
   virtual bool do_giving_now() const noexcept = 0;
   virtual void do_copying(bool on) noexcept = 0;
+  virtual bool do_others_copying() noexcept = 0;
 };
 
 }  // namespace tagmem

@@ -54,9 +54,11 @@ void copy_gate::end() noexcept {
   ::flock(fd_, LOCK_UN);
 }
 
-bool copy_gate::do_copies_running() noexcept {
+bool copy_gate::any_held(bool others_only) noexcept {
   try {
+    const pid_t self = ::getpid();
     for (const auto& [path, pid] : list_copy_marks(dir_, job_, uuid_)) {
+      if (others_only && pid == self) continue;
       const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
       if (fd < 0) continue;  // removed since listed
       const bool held = ::flock(fd, LOCK_SH | LOCK_NB) != 0 && errno == EWOULDBLOCK;

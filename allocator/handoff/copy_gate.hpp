@@ -30,9 +30,13 @@ class copy_gate final : public release_gate {
   // Reloads of several threads nest: the mark is held from the first begin to the last end.
   void begin() noexcept;
   void end() noexcept;
+  // Whether a process of the job other than this one holds its mark: an offload of this one then
+  // holds its copies back (Note [copies give way] in offload/give_way.hpp).
+  bool others_copying() noexcept { return any_held(/*others_only=*/true); }
 
  private:
-  bool do_copies_running() noexcept override;
+  bool do_copies_running() noexcept override { return any_held(/*others_only=*/false); }
+  bool any_held(bool others_only) noexcept;
 
   const std::string dir_, job_;
   const gpu_uuid uuid_;

@@ -91,6 +91,7 @@ class service final : public peer_memory {
   void do_waited(std::chrono::nanoseconds how_long, bool timed_out) noexcept override;
   bool do_giving_now() const noexcept override { return serving_.load(); }
   void do_copying(bool on) noexcept override;
+  bool do_others_copying() noexcept override { return gate_.others_copying(); }
 
   // Listens when the book says so (created here, so that a giver finds it as soon as this
   // returns); held memory goes when nothing is taken any more.

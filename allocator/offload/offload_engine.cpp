@@ -45,6 +45,7 @@
 
 #include "driver/driver.hpp"
 #include "observe/trace.hpp"
+#include "offload/give_way.hpp"
 #include "offload/phase_report.hpp"
 #include "offload/transfer_plan.hpp"
 #include "tags/backup_retention.hpp"
@@ -82,7 +83,12 @@ struct copying_mark {
 class pipeline {
  public:
   pipeline(device& dev, tagmem_offload_mode mode, host_store& store, const config& cfg)
-      : dev_(dev), mode_(mode), store_(store), cfg_(cfg), copies_(dev, h2d_lanes::by_room) {}
+      : dev_(dev),
+        mode_(mode),
+        store_(store),
+        cfg_(cfg),
+        copies_(dev, h2d_lanes::by_room),
+        way_(dev) {}
   pipeline(const pipeline&) = delete;
   pipeline& operator=(const pipeline&) = delete;
 
@@ -129,6 +135,7 @@ class pipeline {
   std::size_t budget_ = 0;  // free device bytes an in-run may still create (while outs remain)
   std::exception_ptr in_error_;
   copy_queue copies_;
+  give_way way_;  // after copies_: opened before the queue is gone (Note [copies give way])
   unmapped_memory out_memory_ = unmapped_memory::release;  // what the out-side's unmaps do
   physical_sink* sink_ = nullptr;  // the job's processes that take what it unmaps (Note [handoff])
   const mapping_filter* only_ = nullptr;
@@ -166,7 +173,16 @@ bool pipeline::unmap_next(pending_copies pending) {
   const auto& api = driver::api();
   for (; o.waited < m.pieces_end; ++o.waited) {
     CUevent e = o.done[o.waited];
-    if (pending == pending_copies::wait && copies_.pieces_waiting()) {
+    if (pending == pending_copies::wait && way_.active()) {
+      // Note [copies give way]: this thread opens the word its pieces wait on.
+      CUresult r;
+      while ((r = api.cuEventQuery(e)) == CUDA_ERROR_NOT_READY) {
+        way_.keep();
+        copies_.pump();
+        std::this_thread::sleep_for(give_way::poll_every / 2);
+      }
+      driver::check(r, "cuEventQuery");
+    } else if (pending == pending_copies::wait && copies_.pieces_waiting()) {
       // The in-side's pieces waiting for a lane go on while this waits (copy_queue.hpp).
       CUresult r;
       while ((r = api.cuEventQuery(e)) == CUDA_ERROR_NOT_READY) {
@@ -225,6 +241,7 @@ void pipeline::commit(outgoing& o) {
 // After a failure on the out side: no in-tag changes, and every out-tag that began unmapping is
 // reloaded from its backup (Note [unmap as copied]).
 void pipeline::restore_outs() noexcept {
+  way_.stop();  // the out-copies run to their end now
   try {
     copies_.finish();
   } catch (...) {  // a sticky error: the reload below fails too and the tags stay partial
@@ -595,9 +612,15 @@ void pipeline::run(tag* const* outs, std::size_t out_count, tag* const* ins, std
         plan_outgoing(outs_.back(), only_ ? *only_ : mapping_filter{});
       }
       plan_host_memory(outs_.data(), outs_.size(), mode_, store_, cfg_.copy_piece_bytes);
+      // Note [copies give way]: only an offload that returns early.
+      if (queued && in_count == 0 && cfg_.handoff_give_way) {
+        way_.start(std::chrono::milliseconds(cfg_.handoff_timeout_ms));
+        copies_.d2h_wait_on(way_.word());
+      }
       queue_out_copies();
       if (in_count == 0 && dev_.peers()) open_sink();
     } catch (...) {  // nothing is unmapped yet: every tag is as it was
+      way_.stop();
       try {
         copies_.finish();
       } catch (...) {

@@ -76,6 +76,7 @@ config make_config(const tagmem_config* user) {
   c.handoff_hold_ms = static_cast<int>(option_number(option::HANDOFF_HOLD_MS));
   c.handoff_map_ahead = option_choice(option::HANDOFF_MAP_AHEAD) == 0;
   c.handoff_timeout_ms = static_cast<int>(option_number(option::HANDOFF_TIMEOUT_MS));
+  c.handoff_give_way = option_choice(option::HANDOFF_GIVE_WAY) == 0;
   c.offload_return_queued = option_choice(option::OFFLOAD_RETURN) == 1;
   c.discard_access_per_run = option_choice(option::DISCARD_ACCESS) == 1;
   c.ipc = option_choice(option::IPC) == 1;

@@ -44,6 +44,7 @@ struct config {
   int handoff_hold_ms = 0;
   bool handoff_map_ahead = true;  // Note [mapped ahead]
   int handoff_timeout_ms = 0;
+  bool handoff_give_way = true;         // Note [copies give way] in offload/give_way.hpp
   bool offload_return_queued = false;   // TAGMEM_OFFLOAD_RETURN=queued (Note [early return])
   bool discard_access_per_run = false;  // TAGMEM_DISCARD_ACCESS=per_run (Note [access in one call])
   // Device memory created exportable, for IPC (Note [ipc] in handoff/ipc_server.hpp).

@@ -43,6 +43,7 @@ void copy_queue::give_back_events() noexcept {
 
 CUevent copy_queue::to_host(const backup_piece& p, const char* tag) {
   CUstream s = dev_.d2h_stream(d2h_one_stream_ ? 0 : next_d2h_++);
+  if (d2h_word_ != 0) TAGMEM_CU(cuStreamWaitValue32, s, d2h_word_, 0, CU_STREAM_WAIT_VALUE_EQ);
   TAGMEM_CU(cuMemcpyDtoHAsync, p.host, p.dev, p.bytes, s);
   trace::copy_queued(s, true, tag, p.bytes);
   CUevent e = dev_.acquire_event();

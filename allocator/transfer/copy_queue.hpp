@@ -78,6 +78,10 @@ class copy_queue {
   // stream's whole queue of pieces ran before the other stream's first piece finished, so with
   // pieces round-robin over two streams no range was copied whole until half of all was.
   void keep_d2h_order() noexcept { d2h_one_stream_ = true; }
+  // From now on, each device-to-host piece first waits, on its stream, until the word of pinned
+  // host memory at device address `word` reads 0 (Note [copies give way] in offload/give_way.hpp);
+  // whoever lent the word must open it before anything waits for these pieces for good.
+  void d2h_wait_on(CUdeviceptr word) noexcept { d2h_word_ = word; }
   // Queues `p` device -> host on the next D2H stream and records an event after it; returns
   // that event (the queue's: valid until the queue is destroyed). `tag` names the copy in a
   // trace (docs/observe.md). Throws DRIVER.
@@ -148,6 +152,7 @@ class copy_queue {
   std::size_t next_d2h_ = 0, next_h2d_ = 0;
   std::uint64_t engine_finished_ = 0;  // pieces finished on copy engines' lanes
   bool d2h_one_stream_ = false;
+  CUdeviceptr d2h_word_ = 0;  // 0: pieces do not wait
   bool kernel_on_stall_ = false;
 };
 

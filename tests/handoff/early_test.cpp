@@ -20,19 +20,7 @@
 namespace tagmem::handoff_test {
 namespace {
 
-class EarlyReturn : public shared_device_test {
- protected:
-  void SetUp() override {
-    shared_device_test::SetUp();
-    setenv("TAGMEM_OFFLOAD_RETURN", "queued", 1);
-  }
-  void TearDown() override {
-    unsetenv("TAGMEM_OFFLOAD_RETURN");
-    reliability::emu().set_copy_bytes_per_second(0);
-    reliability::emu().clear_faults();
-    shared_device_test::TearDown();
-  }
-};
+using EarlyReturn = early_return_test;
 
 // The copies run at 8 MiB/s, so the offload of 24 MiB needs 3 s: the call returns with every
 // mapping still in place, and the reload that follows waits for the offload's end, then restores

@@ -2,8 +2,11 @@
 #include "harness.hpp"
 
 #include <dirent.h>
+#include <fcntl.h>
+#include <sys/file.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
@@ -207,6 +210,34 @@ void shared_device_test::TearDown() {
 
 void shared_device_test::fill_device() {
   reliability::emu().set_device_bytes(0, reliability::emu().device_used_bytes(0));
+}
+
+bool copy_mark_held(const std::string& dir) {
+  DIR* d = ::opendir(dir.c_str());
+  if (!d) return false;
+  bool held = false;
+  while (dirent* e = ::readdir(d)) {
+    const std::string name = e->d_name;
+    if (name.size() < 5 || name.compare(name.size() - 5, 5, ".copy") != 0) continue;
+    const int fd = ::open((dir + "/" + name).c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) continue;
+    held = held || (::flock(fd, LOCK_SH | LOCK_NB) != 0 && errno == EWOULDBLOCK);
+    ::close(fd);
+  }
+  ::closedir(d);
+  return held;
+}
+
+void early_return_test::SetUp() {
+  shared_device_test::SetUp();
+  setenv("TAGMEM_OFFLOAD_RETURN", "queued", 1);
+}
+
+void early_return_test::TearDown() {
+  unsetenv("TAGMEM_OFFLOAD_RETURN");
+  reliability::emu().set_copy_bytes_per_second(0);
+  reliability::emu().clear_faults();
+  shared_device_test::TearDown();
 }
 
 std::string emu_leaks() {

@@ -82,6 +82,11 @@ std::uint64_t emu_calls(const char* entry);
 // on the real driver).
 std::string emu_leaks();
 
+// Whether some process holds a copy mark (hoff-*.copy, allocator/handoff/copy_gate.hpp) in `dir`:
+// a reload with every run mapped and only copies left. Probes the marks as a peer would, without
+// tagmem's copy_gate.
+bool copy_mark_held(const std::string& dir);
+
 // A reload of `tag` on device 0 on a thread of its own (one that waits for memory given back).
 class reload_thread {
  public:
@@ -109,6 +114,14 @@ class shared_device_test : public ::testing::Test {
   std::uint64_t seed_ = 0;
   std::uint64_t total_ = 0;
   fd_census before_;
+};
+
+// The same, with TAGMEM_OFFLOAD_RETURN=queued for this process and the peers it starts (Note
+// [early return]); the emulator's copy speed and faults back to normal at the end.
+class early_return_test : public shared_device_test {
+ protected:
+  void SetUp() override;
+  void TearDown() override;
 };
 
 using test::eventually;

@@ -1,16 +1,13 @@
 // release_wait_test.cpp — what a giver's offload hands to nobody waits in its release queue while
 // a process of the job copies a reload on the GPU, and goes once those copies end (Note [releases
 // wait for copies] in device/release_queue.hpp); the copy marks behind it (copy_gate.hpp) are seen
-// across processes, and a copier that dies holds nobody back.
-#include <dirent.h>
-#include <fcntl.h>
+// across processes (and told apart from this process's own), and a copier that dies holds nobody
+// back.
 #include <gtest/gtest.h>
 #include <signal.h>
-#include <sys/file.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <cerrno>
 #include <cstdlib>
 #include <random>
 #include <string>
@@ -58,23 +55,6 @@ TAGMEM_PEER_SCENARIO(leftover_giver) {
   }
   check(tagmem_shutdown(), "tagmem_shutdown");
   return emu_leaks().empty() ? 0 : 12;
-}
-
-// Whether some process holds a copy mark (hoff-*.copy, copy_gate.hpp) in `dir`.
-bool copy_mark_held(const std::string& dir) {
-  DIR* d = ::opendir(dir.c_str());
-  if (!d) return false;
-  bool held = false;
-  while (dirent* e = ::readdir(d)) {
-    const std::string name = e->d_name;
-    if (name.size() < 5 || name.compare(name.size() - 5, 5, ".copy") != 0) continue;
-    const int fd = ::open((dir + "/" + name).c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) continue;
-    held = held || (::flock(fd, LOCK_SH | LOCK_NB) != 0 && errno == EWOULDBLOCK);
-    ::close(fd);
-  }
-  ::closedir(d);
-  return held;
 }
 
 class HandoffReleaseWait : public shared_device_test,
@@ -175,6 +155,7 @@ void marks_seen_across_processes(const std::string& dir, const gpu_uuid& uuid) {
   EXPECT_FALSE(probe.copies_running());
   mine.begin();
   EXPECT_TRUE(probe.copies_running()) << "this process's own mark";
+  EXPECT_FALSE(mine.others_copying()) << "this process's own mark counted as another's";
   mine.end();
   EXPECT_FALSE(probe.copies_running());
 
@@ -192,6 +173,7 @@ void marks_seen_across_processes(const std::string& dir, const gpu_uuid& uuid) {
   char c = 0;
   ASSERT_EQ(::read(ready[0], &c, 1), 1);
   EXPECT_TRUE(probe.copies_running()) << "another process's mark";
+  EXPECT_TRUE(mine.others_copying()) << "another process's mark";
   copy_gate other_job(dir, "job-b", uuid);
   EXPECT_FALSE(static_cast<release_gate&>(other_job).copies_running())
       << "a mark of another job counted";
@@ -204,6 +186,7 @@ void marks_seen_across_processes(const std::string& dir, const gpu_uuid& uuid) {
   int status = 0;
   ASSERT_EQ(::waitpid(child, &status, 0), child);
   EXPECT_FALSE(probe.copies_running()) << "a dead process's mark held the releases back";
+  EXPECT_FALSE(mine.others_copying()) << "a dead process's mark counted";
   EXPECT_NE(::access(path.c_str(), F_OK), 0) << "the dead process's mark was left: " << path;
   ::close(ready[0]);
   ::close(ready[1]);

@@ -12,7 +12,9 @@ both processes). Methods, each pair of processes fresh:
 - ``tagmem``: tagmem's torch_memory_saver drop-in, memory back with the driver between the sides;
 - ``tagmem_handoff``: the same with TAGMEM_HANDOFF=on and one TAGMEM_JOB for both processes;
 - ``tagmem_overlap``: handoff, the pause and the resume called at once;
-- ``tagmem_early``: handoff, TAGMEM_OFFLOAD_RETURN=queued, the calls one after the other;
+- ``tagmem_early``: handoff, TAGMEM_OFFLOAD_RETURN=queued, the calls one after the other (the
+  pause's copies give way to the other side's reload);
+- ``tagmem_early_shared``: the same with TAGMEM_HANDOFF_GIVE_WAY=off (both share the link);
 - ``tms_retain``: torch_memory_saver itself (retain_cpu_backup), when it imports.
 
 Two shapes, as the C benchmark's: ``roomy``, a kv cache of ``--kv-gib`` (both sides fit at once on a
@@ -48,8 +50,10 @@ GB = 1e9
 GIB = 1 << 30
 SHAPES = ("roomy", "tight")
 TIGHT_FREE = int(1.5 * GIB)  # what a tight engine leaves free: under the 2 GiB the shape promises
-METHODS = ("tagmem", "tagmem_handoff", "tagmem_overlap", "tagmem_early", "tms_retain")
-OVERLAPPING = ("tagmem_overlap", "tagmem_early")  # the two sides' copies share the link
+METHODS = ("tagmem", "tagmem_handoff", "tagmem_overlap", "tagmem_early", "tagmem_early_shared",
+           "tms_retain")
+EARLY = ("tagmem_early", "tagmem_early_shared")  # TAGMEM_OFFLOAD_RETURN=queued
+OVERLAPPING = ("tagmem_overlap",) + EARLY  # the two sides' copies run at the same time
 
 
 def link_rates(torch, nbytes):
@@ -233,14 +237,16 @@ class Side:
 
 def run_method(args, method, shape):
     env = dict(os.environ)
-    for k in ("TAGMEM_HANDOFF", "TAGMEM_OFFLOAD_RETURN"):
+    for k in ("TAGMEM_HANDOFF", "TAGMEM_OFFLOAD_RETURN", "TAGMEM_HANDOFF_GIVE_WAY"):
         env.pop(k, None)
-    if method in ("tagmem_handoff", "tagmem_overlap", "tagmem_early"):
+    if method in ("tagmem_handoff", "tagmem_overlap") + EARLY:
         env["TAGMEM_HANDOFF"] = "on"
         env["TAGMEM_JOB"] = f"rl-two-{uuid.uuid4().hex}"
         env.setdefault("TAGMEM_PEER_DIR", tempfile.mkdtemp(prefix="tagmem-rl-two-"))
-    if method == "tagmem_early":
+    if method in EARLY:
         env["TAGMEM_OFFLOAD_RETURN"] = "queued"
+    if method == "tagmem_early_shared":
+        env["TAGMEM_HANDOFF_GIVE_WAY"] = "off"
     if method == "tms_retain":
         env["TMS_RETAIN_CPU_BACKUP"] = "1"
     a = argparse.Namespace(**vars(args))
