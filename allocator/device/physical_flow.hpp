@@ -102,11 +102,12 @@ class peer_memory {
   }
   // Whether a process of the job is handing memory to this one now: it is offloading.
   bool giving_now() const noexcept { return do_giving_now(); }
-  // A reload has every run mapped and only copies left (true), until they end (false); the
+  // A reload copies with all the memory it needs in hand (true: Note [copying in hand] in
+  // offload/offload_engine.cpp), until its copies end or it waits for memory (false); the
   // job's processes hold their releases back meanwhile (Note [releases wait for copies] in
   // release_queue.hpp).
   void copying(bool on) noexcept { do_copying(on); }
-  // Whether another process of the job has a reload copying with every run mapped now (its
+  // Whether another process of the job has a reload copying with its memory in hand now (its
   // copying(true) .. copying(false)): an offload of this one may give it the link (Note [copies
   // give way] in offload/give_way.hpp). Polled, every fraction of a millisecond.
   bool others_copying() noexcept { return do_others_copying(); }

@@ -1,14 +1,14 @@
 // copy_gate.hpp — whether a process of the job is copying a reload on this GPU now, asked by the
 // device's release thread (Note [releases wait for copies] in device/release_queue.hpp).
 //
-// A process whose reload has every run mapped, so that it takes no more memory and only its
-// copies are left, holds an exclusive flock on its copy mark (hoff-<H>-<pid>.copy in the job's
-// private directory, handoff_point.hpp) until the copies end. Any process of the job and GPU,
-// this one included, tells by trying a shared lock, without waiting, on each mark listed. The
-// kernel drops the locks of a process that dies, so a killed copier holds nobody back; a mark
-// whose owner is gone is removed by whoever finds it unlocked, and the owner removes its own when
-// the device's service ends. Marks are files of the user's private directory; one that cannot be
-// made or opened holds nothing back (logged at TAGMEM_LOG=info).
+// A process whose reload copies with all the memory it needs in hand, taking no more from the job
+// (Note [copying in hand] in offload/offload_engine.cpp), holds an exclusive flock on its copy mark
+// (hoff-<H>-<pid>.copy in the job's private directory, handoff_point.hpp) until the copies end. Any
+// process of the job and GPU, this one included, tells by trying a shared lock, without waiting, on
+// each mark listed. The kernel drops the locks of a process that dies, so a killed copier holds
+// nobody back; a mark whose owner is gone is removed by whoever finds it unlocked, and the owner
+// removes its own when the device's service ends. Marks are files of the user's private directory;
+// one that cannot be made or opened holds nothing back (logged at TAGMEM_LOG=info).
 #pragma once
 
 #include <mutex>
@@ -26,7 +26,8 @@ class copy_gate final : public release_gate {
   copy_gate(const copy_gate&) = delete;
   copy_gate& operator=(const copy_gate&) = delete;
 
-  // A reload of this process starts copying with every run mapped / has finished its copies.
+  // A reload of this process copies with all its memory in hand / no longer (copies ended, or it
+  // waits for the job's memory).
   // Reloads of several threads nest: the mark is held from the first begin to the last end.
   void begin() noexcept;
   void end() noexcept;

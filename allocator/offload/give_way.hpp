@@ -5,12 +5,13 @@
 // copies (docs/handoff.md, "Giving way"), so in a phase switch the incoming reload's
 // host-to-device copies run at half the link while the outgoing offload's device-to-host copies
 // run beside them. With early return (Note [early return]) nobody waits for the outgoing copies:
-// the pause has returned, and once the reload has every run mapped it needs none of the memory
-// they free. The reload is what the switch waits for. So, in an offload that returned early, each
-// device-to-host piece first waits on its stream (cuStreamWaitValue32) until a word of pinned host
-// memory (device/way_words.hpp) reads open, and the offload's own thread, which waits for those
-// pieces anyway to unmap behind them, closes the word while another process of the job holds its
-// copy mark (a reload with every run mapped and only copies left: handoff/copy_gate.hpp) and opens
+// the pause has returned, and once the reload has all the memory it maps in hand it needs none of
+// the memory they free. The reload is what the switch waits for. So, in an offload that returned
+// early, each device-to-host piece first waits on its stream (cuStreamWaitValue32) until a word of
+// pinned host memory (device/way_words.hpp) reads open, and the offload's own thread, which waits
+// for those pieces anyway to unmap behind them, closes the word while another process of the job
+// holds its copy mark (a reload copying with its memory in hand: Note [copying in hand] in
+// offload_engine.cpp, handoff/copy_gate.hpp) and opens
 // it otherwise, polling every poll_every. Then:
 //  - the reload runs at the link's rate, alone, and the offload's copies after it: its memory goes
 //    back (to the job or the driver) that much later, and whatever waits for the offload's end or

@@ -67,17 +67,28 @@ std::size_t largest_span(const incoming& in, std::size_t from) {
   return largest;
 }
 
-// A reload copying with every run mapped, as the job's processes see it (peer_memory::copying).
-struct copying_mark {
-  peer_memory* peers;
-  explicit copying_mark(peer_memory* p) noexcept : peers(p) {
-    if (peers) peers->copying(true);
-  }
-  ~copying_mark() {
-    if (peers) peers->copying(false);
-  }
+// A reload copying with all the memory it needs in hand, as the job's processes see it
+// (peer_memory::copying): set at most once at a time.
+class copying_mark {
+ public:
+  copying_mark() = default;
+  ~copying_mark() { set(nullptr, false); }
   copying_mark(const copying_mark&) = delete;
   copying_mark& operator=(const copying_mark&) = delete;
+
+  bool on() const noexcept { return peers_ != nullptr; }
+  void set(peer_memory* peers, bool on) noexcept {
+    if (on && !peers_ && peers) {
+      peers_ = peers;
+      peers_->copying(true);
+    } else if (!on && peers_) {
+      peers_->copying(false);
+      peers_ = nullptr;
+    }
+  }
+
+ private:
+  peer_memory* peers_ = nullptr;
 };
 
 class pipeline {
@@ -140,6 +151,10 @@ class pipeline {
   physical_sink* sink_ = nullptr;  // the job's processes that take what it unmaps (Note [handoff])
   const mapping_filter* only_ = nullptr;
   bool announced_ = false;  // told peers of a reload
+  // Note [copying in hand]: this reload copies with all the memory it needs in hand.
+  copying_mark mark_;
+  bool mark_early_ = false;  // a reload alone, with copies: may mark before its last run maps
+  bool memory_in_hand() noexcept;
   // Note [reload waits for peers]: the reload ran out of device memory and waits, until
   // wait_until_, for memory the job's processes give back.
   bool short_ = false;
@@ -416,16 +431,17 @@ void pipeline::finish_ins() {
   // engine lost more than the switch into the trainer gained (docs/handoff.md).
   peer_memory* peers = dev_.peers();
   copies_.kernel_on_stall(!cfg_.offload_return_queued && peers != nullptr && peers->giving_now());
-  // Note [releases wait for copies] in release_queue.hpp: nothing more to take, only copies left.
+  // Note [copying in hand]: nothing more to take, only copies left.
   const bool copies =
       std::any_of(ins_.begin(), ins_.end(), [](const incoming& in) { return in.copied != 0; });
-  copying_mark mark(copies ? peers : nullptr);
+  mark_.set(peers, copies);
   try {
     copies_.finish();
   } catch (...) {  // which copy failed is unknown: no in-tag is trusted
     if (!in_error_) in_error_ = std::current_exception();
     good = 0;
   }
+  mark_.set(peers, false);
   for (std::size_t i = 0; i < ins_.size(); ++i) {
     if (i < good) {
       commit(ins_[i]);
@@ -508,6 +524,33 @@ pipeline::~pipeline() {
   if (announced_) dev_.peers()->reload_done();
 }
 
+// Note [copying in hand]: a reload holds its copy mark (copy_gate.hpp) while it copies with all
+// the memory it needs in hand, taking nothing more from the job's processes: the release threads
+// of the job hold their leftovers back meanwhile (Note [releases wait for copies] in
+// release_queue.hpp), and an offload that returned early holds its copies back (Note [copies give
+// way] in give_way.hpp), so that this reload's copies have the link. A reload with every run
+// mapped has it all. So does a reload alone (no tag going out of this process) whose runs left
+// to map fit in what is free on the device and what the job has handed it: it marks as soon as
+// that holds, before mapping the rest (in a switch into a trainer whose memory the engine's kv
+// cache handed over, 60 ms of mapping earlier on an H100). Such a reload that then runs short
+// and waits for the job's memory (Note [reload waits for peers]) drops the mark until its last
+// run maps, so that nobody holds back what it waits for.
+bool pipeline::memory_in_hand() noexcept {
+  std::size_t left = 0;
+  for (std::size_t i = in_at_; i < ins_.size(); ++i) {
+    const incoming& in = ins_[i];
+    for (std::size_t j = in.mapped; j < in.runs.size(); ++j) left += in.runs[j].size;
+  }
+  if (left == 0) return true;
+  try {
+    std::size_t free = 0, total = 0;
+    dev_.memory_info(&free, &total);
+    return free + dev_.peers()->held().bytes() >= left;
+  } catch (...) {
+    return false;
+  }
+}
+
 // Note [reload waits for peers]: with handoff, a reload that runs out of device memory with no
 // out-side of its own left does not fail at once: it waits, TAGMEM_HANDOFF_WAIT_MS at most, for
 // memory the job's processes give back, handed to it (it announces itself while reloading) or
@@ -541,6 +584,7 @@ bool pipeline::wait_for_peers(const error& why) {
   }
   if (now < wait_until_) {
     short_ = true;
+    mark_.set(peers, false);  // Note [copying in hand]: it waits for the job's memory now
     return true;
   }
   peers->waited(now - wait_start_, true);
@@ -590,6 +634,10 @@ void pipeline::run(tag* const* outs, std::size_t out_count, tag* const* ins, std
     throw;
   }
   announce_reload();
+  mark_early_ = out_count == 0 && dev_.peers() != nullptr &&
+                std::any_of(ins_.begin(), ins_.end(),
+                            [](const incoming& in) { return !in.t->pieces().empty(); });
+  if (mark_early_ && memory_in_hand()) mark_.set(dev_.peers(), true);
   if (out_count) {
     TAGMEM_CU(cuCtxSynchronize, dev_.context());  // Note [offload waits]
     if (in_count) {  // before anything is taken: a failure here changes nothing
@@ -635,7 +683,12 @@ void pipeline::run(tag* const* outs, std::size_t out_count, tag* const* ins, std
     while (out_left() || in_open()) {
       bool progress = false;
       while (out_left() && unmap_next(pending_copies::give_up)) progress = true;
-      while (in_open() && map_next()) progress = true;
+      while (in_open() && map_next()) {
+        progress = true;
+        if (mark_early_ && !mark_.on() && !short_ && memory_in_hand()) {
+          mark_.set(dev_.peers(), true);
+        }
+      }
       if (progress && waiting_ && !short_) {  // the run that waited is mapped
         dev_.peers()->waited(std::chrono::steady_clock::now() - wait_start_, false);
         waiting_ = false;

@@ -38,6 +38,8 @@ struct emu_controls {
   decltype(&tagmem_emu_set_copy_bytes_per_second) set_copy_bytes_per_second = nullptr;
   decltype(&tagmem_emu_hold_next_h2d_copy) hold_next_h2d_copy = nullptr;
   decltype(&tagmem_emu_release_held_copy) release_held_copy = nullptr;
+  decltype(&tagmem_emu_hold_next_map) hold_next_map = nullptr;
+  decltype(&tagmem_emu_release_held_map) release_held_map = nullptr;
   decltype(&tagmem_emu_sticky_error) sticky_error = nullptr;
   decltype(&tagmem_emu_clear_sticky_error) clear_sticky_error = nullptr;
 

@@ -29,22 +29,16 @@
 #include "host_memory.hpp"
 #include "modules.hpp"
 #include "streams.hpp"
+#include "test_hold.hpp"
 
 namespace tagmem::emu {
 namespace {
 
 std::atomic<uint64_t> bytes_per_second{0};  // 0: unlimited
 
-// tagmem_emu_hold_next_h2d_copy: whether the next host-to-device copy waits, and the gate it
-// waits at.
-struct copy_hold {
-  std::atomic<bool> armed{false};
-  std::mutex mutex;
-  std::condition_variable opened;
-  bool open = true;
-};
-copy_hold& hold() {
-  static copy_hold h;
+// tagmem_emu_hold_next_h2d_copy: the next host-to-device copy on a created stream waits.
+test_hold& hold() {
+  static test_hold h;
   return h;
 }
 
@@ -157,13 +151,9 @@ CUresult enqueue(copy c, const void* host, CUstream stream) {
     staging = std::make_shared<std::vector<unsigned char>>(bytes, bytes + c.bytes);
     c.src = reinterpret_cast<uintptr_t>(staging->data());
   }
-  const bool held =
-      c.kind == copy_kind::host_to_device && where.queue != nullptr && hold().armed.exchange(false);
+  const bool held = c.kind == copy_kind::host_to_device && where.queue != nullptr && hold().take();
   submit(where, [c, staging, held]() -> CUresult {
-    if (held) {
-      std::unique_lock lock(hold().mutex);
-      hold().opened.wait(lock, [] { return hold().open; });
-    }
+    if (held) hold().wait();
     if (sticky_error(c.device) != CUDA_SUCCESS) return CUDA_SUCCESS;  // a dead context runs nothing
     return execute(c);
   });
@@ -244,19 +234,6 @@ TAGMEM_EMU_EXPORT void tagmem_emu_set_copy_bytes_per_second(uint64_t rate) {
   bytes_per_second.store(rate, std::memory_order_relaxed);
 }
 
-TAGMEM_EMU_EXPORT void tagmem_emu_hold_next_h2d_copy(void) {
-  {
-    std::lock_guard lock(hold().mutex);
-    hold().open = false;
-  }
-  hold().armed = true;
-}
+TAGMEM_EMU_EXPORT void tagmem_emu_hold_next_h2d_copy(void) { hold().arm(); }
 
-TAGMEM_EMU_EXPORT void tagmem_emu_release_held_copy(void) {
-  hold().armed = false;
-  {
-    std::lock_guard lock(hold().mutex);
-    hold().open = true;
-  }
-  hold().opened.notify_all();
-}
+TAGMEM_EMU_EXPORT void tagmem_emu_release_held_copy(void) { hold().release(); }

@@ -88,6 +88,11 @@ TAGMEM_EMU_API void tagmem_emu_set_copy_bytes_per_second(uint64_t bytes_per_seco
 TAGMEM_EMU_API void tagmem_emu_hold_next_h2d_copy(void);
 TAGMEM_EMU_API void tagmem_emu_release_held_copy(void);
 
+/* Holds the next cuMemMap of any thread of this process (a reload in the middle of its runs)
+ * until tagmem_emu_release_held_map(); the call then maps as usual. */
+TAGMEM_EMU_API void tagmem_emu_hold_next_map(void);
+TAGMEM_EMU_API void tagmem_emu_release_held_map(void);
+
 /* The sticky error of a device's primary context (CUDA_SUCCESS when healthy): set when an
  * asynchronous operation faults, returned from then on by every call that uses the context,
  * cleared when the primary context's last reference is released. */

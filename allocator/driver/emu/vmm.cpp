@@ -13,7 +13,8 @@
 // reservation and refuses while anything in it is mapped; host access can be granted only to
 // host-located allocations. Where the real driver is lax the
 // emulator is strict, to catch bugs: a mapping must lie inside one reservation, and unmapping a
-// range that is not mapped is an error (the real driver returns success).
+// range that is not mapped is an error (the real driver returns success). For tests,
+// tagmem_emu_hold_next_map holds the next cuMemMap until tagmem_emu_release_held_map.
 #include <sys/mman.h>
 
 #include <bit>
@@ -22,6 +23,7 @@
 #include "address_space.hpp"
 #include "api.hpp"
 #include "physical.hpp"
+#include "test_hold.hpp"
 
 namespace tagmem::emu {
 namespace {
@@ -101,11 +103,24 @@ TAGMEM_EMU_EXPORT CUresult cuMemAddressFree(CUdeviceptr ptr, size_t size) {
   return CUDA_SUCCESS;
 }
 
+namespace tagmem::emu {
+namespace {
+
+// tagmem_emu_hold_next_map: the next cuMemMap waits.
+test_hold& held_map() {
+  static test_hold h;
+  return h;
+}
+
+}  // namespace
+}  // namespace tagmem::emu
+
 TAGMEM_EMU_EXPORT CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset,
                                     CUmemGenericAllocationHandle handle, unsigned long long flags) {
   TAGMEM_EMU_ENTRY(cuMemMap);
   if (flags != 0 || size == 0 || !aligned(ptr, granularity) || !aligned(size, granularity))
     return CUDA_ERROR_INVALID_VALUE;
+  if (held_map().take()) held_map().wait();
   lock held = take_lock();
   auto memory = find_handle(held, handle);
   if (!memory) return CUDA_ERROR_INVALID_VALUE;
@@ -195,3 +210,7 @@ TAGMEM_EMU_EXPORT CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHan
   *handle = r->memory->handle;
   return CUDA_SUCCESS;
 }
+
+TAGMEM_EMU_EXPORT void tagmem_emu_hold_next_map(void) { held_map().arm(); }
+
+TAGMEM_EMU_EXPORT void tagmem_emu_release_held_map(void) { held_map().release(); }
