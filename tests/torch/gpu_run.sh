@@ -178,10 +178,13 @@ else
     BENCH_ARGS=(--cycles 5)
   fi
   wanted bench && step bench $PY integrations/torch/bench/phase_switch.py "${BENCH_ARGS[@]}" --out "$OUT/bench.json"
+  # Every method but tagmem_early_shared, whose side-by-side with tagmem_early is
+  # `gpu_all.sh handoff`'s step torch_rl_two: the step stays within the torch part's time.
+  RL_TWO_ARGS=(--methods tagmem,tagmem_handoff,tagmem_overlap,tagmem_early,tms_retain)
   if [[ $SIZE == small ]]; then
-    RL_TWO_ARGS=(--layers 2 --scale 8 --kv-gib 1 --cycles 3)
+    RL_TWO_ARGS+=(--layers 2 --scale 8 --kv-gib 1 --cycles 3)
   else
-    RL_TWO_ARGS=(--cycles 3)
+    RL_TWO_ARGS+=(--cycles 3)
   fi
   wanted bench-rl-two && step bench-rl-two $PY integrations/torch/bench/rl_two.py "${RL_TWO_ARGS[@]}"
 
