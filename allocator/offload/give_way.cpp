@@ -24,7 +24,8 @@ void give_way::keep() noexcept {
   if (now - polled_ < poll_every) return;
   polled_ = now;
   const bool copying = dev_.peers()->others_copying();
-  const auto closed_in_all = closed_for_ + (closed_ ? now - closed_since_ : now - now);
+  const auto closed_in_all =
+      closed_for_ + (closed_ ? now - closed_since_ : std::chrono::steady_clock::duration::zero());
   if (copying && closed_in_all >= bound_) {
     if (logging(log_level::info)) {
       log_line(
