@@ -68,27 +68,24 @@ std::size_t largest_span(const incoming& in, std::size_t from) {
 }
 
 // A reload copying with all the memory it needs in hand, as the job's processes see it
-// (peer_memory::copying): set at most once at a time.
+// (peer_memory::copying); nothing without peers.
 class copying_mark {
  public:
-  copying_mark() = default;
-  ~copying_mark() { set(nullptr, false); }
+  explicit copying_mark(peer_memory* peers) noexcept : peers_(peers) {}
+  ~copying_mark() { set(false); }
   copying_mark(const copying_mark&) = delete;
   copying_mark& operator=(const copying_mark&) = delete;
 
-  bool on() const noexcept { return peers_ != nullptr; }
-  void set(peer_memory* peers, bool on) noexcept {
-    if (on && !peers_ && peers) {
-      peers_ = peers;
-      peers_->copying(true);
-    } else if (!on && peers_) {
-      peers_->copying(false);
-      peers_ = nullptr;
-    }
+  bool on() const noexcept { return on_; }
+  void set(bool on) noexcept {
+    if (!peers_ || on == on_) return;
+    on_ = on;
+    peers_->copying(on);
   }
 
  private:
-  peer_memory* peers_ = nullptr;
+  peer_memory* const peers_;
+  bool on_ = false;
 };
 
 class pipeline {
@@ -99,7 +96,8 @@ class pipeline {
         store_(store),
         cfg_(cfg),
         copies_(dev, h2d_lanes::by_room),
-        way_(dev) {}
+        way_(dev),
+        mark_(dev.peers()) {}
   pipeline(const pipeline&) = delete;
   pipeline& operator=(const pipeline&) = delete;
 
@@ -154,7 +152,7 @@ class pipeline {
   // Note [copying in hand]: this reload copies with all the memory it needs in hand.
   copying_mark mark_;
   bool mark_early_ = false;  // a reload alone, with copies: may mark before its last run maps
-  bool memory_in_hand() noexcept;
+  void mark_if_in_hand() noexcept;
   // Note [reload waits for peers]: the reload ran out of device memory and waits, until
   // wait_until_, for memory the job's processes give back.
   bool short_ = false;
@@ -188,21 +186,18 @@ bool pipeline::unmap_next(pending_copies pending) {
   const auto& api = driver::api();
   for (; o.waited < m.pieces_end; ++o.waited) {
     CUevent e = o.done[o.waited];
-    if (pending == pending_copies::wait && way_.active()) {
-      // Note [copies give way]: this thread opens the word its pieces wait on.
-      CUresult r;
-      while ((r = api.cuEventQuery(e)) == CUDA_ERROR_NOT_READY) {
-        way_.keep();
-        copies_.pump();
-        std::this_thread::sleep_for(give_way::poll_every / 2);
-      }
-      driver::check(r, "cuEventQuery");
-    } else if (pending == pending_copies::wait && copies_.pieces_waiting()) {
-      // The in-side's pieces waiting for a lane go on while this waits (copy_queue.hpp).
+    if (pending == pending_copies::wait && (way_.active() || copies_.pieces_waiting())) {
+      // The in-side's pieces waiting for a lane go on while this waits (copy_queue.hpp), and
+      // this thread opens the word its own pieces may wait on (Note [copies give way]).
       CUresult r;
       while ((r = api.cuEventQuery(e)) == CUDA_ERROR_NOT_READY) {
         copies_.pump();
-        std::this_thread::yield();
+        if (way_.active()) {
+          way_.keep();
+          std::this_thread::sleep_for(give_way::poll_every / 2);
+        } else {
+          std::this_thread::yield();
+        }
       }
       driver::check(r, "cuEventQuery");
     } else if (pending == pending_copies::wait) {
@@ -434,14 +429,14 @@ void pipeline::finish_ins() {
   // Note [copying in hand]: nothing more to take, only copies left.
   const bool copies =
       std::any_of(ins_.begin(), ins_.end(), [](const incoming& in) { return in.copied != 0; });
-  mark_.set(peers, copies);
+  mark_.set(copies);
   try {
     copies_.finish();
   } catch (...) {  // which copy failed is unknown: no in-tag is trusted
     if (!in_error_) in_error_ = std::current_exception();
     good = 0;
   }
-  mark_.set(peers, false);
+  mark_.set(false);
   for (std::size_t i = 0; i < ins_.size(); ++i) {
     if (i < good) {
       commit(ins_[i]);
@@ -535,19 +530,18 @@ pipeline::~pipeline() {
 // cache handed over, 60 ms of mapping earlier on an H100). Such a reload that then runs short
 // and waits for the job's memory (Note [reload waits for peers]) drops the mark until its last
 // run maps, so that nobody holds back what it waits for.
-bool pipeline::memory_in_hand() noexcept {
+void pipeline::mark_if_in_hand() noexcept {
+  if (!mark_early_ || mark_.on() || short_) return;
   std::size_t left = 0;
   for (std::size_t i = in_at_; i < ins_.size(); ++i) {
     const incoming& in = ins_[i];
     for (std::size_t j = in.mapped; j < in.runs.size(); ++j) left += in.runs[j].size;
   }
-  if (left == 0) return true;
   try {
     std::size_t free = 0, total = 0;
-    dev_.memory_info(&free, &total);
-    return free + dev_.peers()->held().bytes() >= left;
-  } catch (...) {
-    return false;
+    if (left != 0) dev_.memory_info(&free, &total);
+    if (free + dev_.peers()->held().bytes() >= left) mark_.set(true);
+  } catch (...) {  // the driver's free memory unknown: marked once the last run maps
   }
 }
 
@@ -584,7 +578,7 @@ bool pipeline::wait_for_peers(const error& why) {
   }
   if (now < wait_until_) {
     short_ = true;
-    mark_.set(peers, false);  // Note [copying in hand]: it waits for the job's memory now
+    mark_.set(false);  // Note [copying in hand]: it waits for the job's memory now
     return true;
   }
   peers->waited(now - wait_start_, true);
@@ -637,7 +631,7 @@ void pipeline::run(tag* const* outs, std::size_t out_count, tag* const* ins, std
   mark_early_ = out_count == 0 && dev_.peers() != nullptr &&
                 std::any_of(ins_.begin(), ins_.end(),
                             [](const incoming& in) { return !in.t->pieces().empty(); });
-  if (mark_early_ && memory_in_hand()) mark_.set(dev_.peers(), true);
+  mark_if_in_hand();
   if (out_count) {
     TAGMEM_CU(cuCtxSynchronize, dev_.context());  // Note [offload waits]
     if (in_count) {  // before anything is taken: a failure here changes nothing
@@ -685,9 +679,7 @@ void pipeline::run(tag* const* outs, std::size_t out_count, tag* const* ins, std
       while (out_left() && unmap_next(pending_copies::give_up)) progress = true;
       while (in_open() && map_next()) {
         progress = true;
-        if (mark_early_ && !mark_.on() && !short_ && memory_in_hand()) {
-          mark_.set(dev_.peers(), true);
-        }
+        mark_if_in_hand();
       }
       if (progress && waiting_ && !short_) {  // the run that waited is mapped
         dev_.peers()->waited(std::chrono::steady_clock::now() - wait_start_, false);

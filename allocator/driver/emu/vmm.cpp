@@ -28,6 +28,12 @@
 namespace tagmem::emu {
 namespace {
 
+// tagmem_emu_hold_next_map: the next cuMemMap waits.
+test_hold& held_map() {
+  static test_hold h;
+  return h;
+}
+
 constexpr int reserve_flags = MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE;
 
 void* map_fixed_none(uintptr_t base, size_t size) {
@@ -102,18 +108,6 @@ TAGMEM_EMU_EXPORT CUresult cuMemAddressFree(CUdeviceptr ptr, size_t size) {
   --live(held).reservations;
   return CUDA_SUCCESS;
 }
-
-namespace tagmem::emu {
-namespace {
-
-// tagmem_emu_hold_next_map: the next cuMemMap waits.
-test_hold& held_map() {
-  static test_hold h;
-  return h;
-}
-
-}  // namespace
-}  // namespace tagmem::emu
 
 TAGMEM_EMU_EXPORT CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset,
                                     CUmemGenericAllocationHandle handle, unsigned long long flags) {
