@@ -15,6 +15,9 @@
 #                                  ones with a step between switches, and the overlapping
 #                                  switch through PyTorch (docs/handoff.md) (1 GPU)
 #   bash tests/gpu_all.sh multi    tests/preload/gpu_run.sh and FSDP2 (2 GPUs)
+#
+# GPU_ALL_STEPS=a,b runs only the named steps of the part (the names in summary.txt), so that a
+# part longer than one device call can run in pieces.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 part=${1:?usage: gpu_all.sh core|bench|torch|shim|ipc|handoff|multi}
@@ -28,6 +31,7 @@ status=0
 step() {  # step NAME TIMEOUT COMMAND...
   local name=$1 limit=$2
   shift 2
+  [ -n "${GPU_ALL_STEPS:-}" ] && [[ ",$GPU_ALL_STEPS," != *",$name,"* ]] && return 0
   local t0=$SECONDS
   timeout "$limit" "$@" >"$out/$name.log" 2>&1
   local rc=$?
