@@ -39,6 +39,8 @@ class physical_source {
   // Takes, largest first, handles whose sizes add up to at most `bytes`; appends them to `out`
   // (throws OUT_OF_MEMORY for room in `out` with nothing taken).
   void take_up_to(std::size_t bytes, meta_vector<physical_part>& out) { do_take_up_to(bytes, out); }
+  // The bytes that take_up_to(bytes) would take now; takes nothing.
+  std::size_t would_take(std::size_t bytes) const noexcept { return do_would_take(bytes); }
   // Takes back a handle taken from here and not mapped; false: the caller still owns it.
   bool put_back(const physical_part& p) noexcept { return do_put_back(p); }
   // Notes that `bytes` taken from here are mapped now (statistics).
@@ -61,6 +63,7 @@ class physical_source {
 
  private:
   virtual void do_take_up_to(std::size_t bytes, meta_vector<physical_part>& out) = 0;
+  virtual std::size_t do_would_take(std::size_t bytes) const noexcept = 0;
   virtual bool do_put_back(const physical_part& p) noexcept = 0;
   virtual void do_mapped(std::size_t bytes) noexcept = 0;
   virtual std::uint64_t do_arrivals() const noexcept = 0;

@@ -102,6 +102,17 @@ void inbox::do_take_up_to(std::size_t bytes, meta_vector<physical_part>& out) {
   }
 }
 
+// What do_take_up_to takes, without taking it: its repeated "largest that fits in what is left"
+// is one pass from the largest down, since a handle too large for what is left stays too large.
+std::size_t inbox::do_would_take(std::size_t bytes) const noexcept {
+  std::lock_guard lock(mutex_);
+  std::size_t left = bytes;
+  for (auto it = held_.rbegin(); it != held_.rend() && left != 0; ++it) {
+    if (it->first <= left) left -= it->first;
+  }
+  return bytes - left;
+}
+
 // Not an arrival: a reload waiting for more must not wake for what it gave back itself.
 bool inbox::do_put_back(const physical_part& p) noexcept {
   std::lock_guard lock(mutex_);

@@ -59,6 +59,7 @@ class inbox final : public physical_source {
   };
   using held_map = std::multimap<std::size_t, item>;  // by size
   void do_take_up_to(std::size_t bytes, meta_vector<physical_part>& out) override;
+  std::size_t do_would_take(std::size_t bytes) const noexcept override;
   bool do_put_back(const physical_part& p) noexcept override;
   void do_mapped(std::size_t bytes) noexcept override;
   std::uint64_t do_arrivals() const noexcept override;

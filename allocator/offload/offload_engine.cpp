@@ -125,7 +125,7 @@ class pipeline {
   void announce_reload() noexcept;
   void open_sink() noexcept;
   bool map_next();
-  void grow_to_held(incoming& in, std::size_t largest_held);
+  void grow_to_held(incoming& in, const physical_source& held);
   void grant_access(incoming& in);
   void reclaim_parked(incoming& in);
   void queue_in_copies(incoming& in, CUdeviceptr mapped_end);
@@ -326,7 +326,7 @@ bool pipeline::map_next() {
   peer_memory* peers = dev_.peers();
   if (peers) {
     room_.arrivals_seen = peers->held().arrivals();  // before the try looks at what is held
-    grow_to_held(in, peers->held().largest());
+    grow_to_held(in, peers->held());
   }
   // While out-mappings remain, a run maps when the memory they gave up covers it (Note [physical
   // recycling]) or the driver's free memory does; otherwise it waits for more of them.
@@ -384,22 +384,41 @@ void pipeline::grant_access(incoming& in) {
 
 // Note [runs grow to the handles held]: cuMemMap maps a whole handle, so a received handle can
 // back only a run at least its size, and the giver's handles are its own mappings: an engine's kv
-// cache of 2 GiB mappings, say, where the trainer's runs stop at max_mapping_bytes (1 GiB). Held
-// handles larger than the next run would go unused and back to the driver, and the run would
-// create its memory instead: new memory that the driver scrubs first, on copy engines that the
-// other side's copies keep busy, so the reload's copies into it wait. So the next run takes in
-// the runs adjacent to it until it is at least as large as the largest handle held (a reload
-// announces the largest such span, not its largest run, as what it can use). The grown run is
-// one mapping record afterwards (vm_arena::adopt), still cut only at old mapping boundaries.
-void pipeline::grow_to_held(incoming& in, std::size_t largest_held) {
+// cache of 1.9 GiB mappings, say, where the trainer's runs stop at max_mapping_bytes (1 GiB) and at
+// its tensors' ends. What the held handles do not cover, the run creates: new memory that the
+// driver scrubs first, on copy engines that the other side's copies keep busy, so the reload's
+// copies into it wait; and on a full device it must first send a held handle to the driver for
+// room (Note [reload waits for peers]). So the next run takes in the runs adjacent to it, up to
+// kGrowthPerHandle times the largest handle held, to the length at which the held handles,
+// taken as map_parts takes them (largest first that fits), leave the smallest share of it to
+// create: the first with nothing to create, else the shortest of the smallest share. Runs of
+// 0.9 GiB against held handles of 1.9 GiB grow to 6.3 GiB (three handles, 0.6 GiB created, a
+// tenth) rather than to the first length that one handle fits in, 2.7 GiB with 0.8 GiB created;
+// against 1.8 GiB handles they stop at 1.8. With nothing held a run stays as planned. A reload
+// announces the largest span of adjacent runs, not its largest run, as what it can use. The grown
+// run is one mapping record afterwards (vm_arena::adopt), still cut only at old mapping
+// boundaries.
+void pipeline::grow_to_held(incoming& in, const physical_source& held) {
+  constexpr std::size_t kGrowthPerHandle = 4;
   in_run& r = in.runs[in.mapped];
-  std::size_t next = in.mapped + 1;
-  while (r.size < largest_held && next < in.runs.size() && r.va + r.size == in.runs[next].va) {
-    r.size += in.runs[next].size;
+  const std::size_t most = std::max(r.size, kGrowthPerHandle * held.largest());
+  std::size_t size = r.size, best_size = r.size;
+  std::size_t least = size - held.would_take(size);  // created at best_size
+  std::size_t next = in.mapped + 1, best_next = next;
+  while (least != 0 && next < in.runs.size() && r.va + size == in.runs[next].va &&
+         size + in.runs[next].size <= most) {
+    size += in.runs[next].size;
     ++next;
+    const std::size_t created = size - held.would_take(size);
+    if (double(created) * double(best_size) < double(least) * double(size)) {
+      least = created;
+      best_size = size;
+      best_next = next;
+    }
   }
+  r.size = best_size;
   in.runs.erase(in.runs.begin() + static_cast<std::ptrdiff_t>(in.mapped + 1),
-                in.runs.begin() + static_cast<std::ptrdiff_t>(next));
+                in.runs.begin() + static_cast<std::ptrdiff_t>(best_next));
 }
 
 // Queues the in-tag's pieces that end inside what is mapped so far (runs are mapped in address

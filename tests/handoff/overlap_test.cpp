@@ -56,7 +56,17 @@ TAGMEM_PEER_SCENARIO(overlap_trainer) {
   return take_fd_census() == before ? 0 : 13;
 }
 
-class HandoffOverlap : public shared_device_test {};
+class HandoffOverlap : public shared_device_test {
+ protected:
+  // The device back to its size; then `peer` resumes from its backup, checks it and exits.
+  void resume_and_end(peer_process& peer) {
+    reliability::emu().set_device_bytes(0, total_);
+    peer.channel().send("resume");
+    EXPECT_EQ(peer.channel().receive(), "intact");
+    peer.channel().send("exit");
+    EXPECT_EQ(peer.wait(), 0);
+  }
+};
 
 // A -> B -> A: the engine's kv cache goes to the trainer, which maps it as its own; when the
 // trainer pauses, the memory goes back to the engine's reload, although the driver does not export
@@ -89,11 +99,7 @@ TEST_F(HandoffOverlap, ReceivedMemoryIsHandedOnAgain) {
   const tagmem_handoff_stats s = handoff_stats();
   EXPECT_EQ(s.received_bytes, 2 * kEngine);
   EXPECT_EQ(s.mapped_received_bytes, 2 * kEngine);
-  reliability::emu().set_device_bytes(0, total_);
-  trainer.channel().send("resume");  // from its backup
-  EXPECT_EQ(trainer.channel().receive(), "intact");
-  trainer.channel().send("exit");
-  EXPECT_EQ(trainer.wait(), 0);
+  resume_and_end(trainer);
 }
 
 // The trainer's handles (16 MiB) do not tile the engine's runs (24 MiB): a run maps one received
@@ -125,11 +131,7 @@ TEST_F(HandoffOverlap, HandlesThatDoNotTileTheRunsStillFeedTheReload) {
   const tagmem_handoff_stats s = handoff_stats();
   EXPECT_EQ(s.reload_wait_timeouts, 0u);
   EXPECT_GT(s.mapped_received_bytes, 0u);
-  reliability::emu().set_device_bytes(0, total_);
-  trainer.channel().send("resume");
-  EXPECT_EQ(trainer.channel().receive(), "intact");
-  trainer.channel().send("exit");
-  EXPECT_EQ(trainer.wait(), 0);
+  resume_and_end(trainer);
 }
 
 // The giver's handles (24 MiB) are larger than any of this reload's runs (12 MiB mappings, runs
@@ -139,10 +141,8 @@ TEST_F(HandoffOverlap, HandlesLargerThanTheRunsAreMappedOverAdjacentRuns) {
   const tagmem_status init = init_with("TAGMEM_MAX_MAPPING_BYTES", "16MiB");
   ASSERT_EQ(init, TAGMEM_SUCCESS) << tagmem_last_error();
   std::mt19937_64 rng(seed_);
-  tag_data w = fill_tag("w", 4, 12 * MiB, rng);
+  tag_data w = offloaded_backup("w", 4, 12 * MiB, rng);
   const char* w_tag = "w";
-  ASSERT_EQ(tagmem_offload(&w_tag, 1, 0, TAGMEM_BACKUP), TAGMEM_SUCCESS) << tagmem_last_error();
-  ASSERT_EQ(tagmem_wait_released(0), TAGMEM_SUCCESS) << tagmem_last_error();
   peer_process giver("overlap_trainer", "t");
   giver.channel().send(std::to_string(seed_ + 1) + " 2 24 0");
   ASSERT_EQ(giver.channel().receive(), "ready");
@@ -156,11 +156,36 @@ TEST_F(HandoffOverlap, HandlesLargerThanTheRunsAreMappedOverAdjacentRuns) {
   const tagmem_handoff_stats s = handoff_stats();
   EXPECT_EQ(s.reload_wait_timeouts, 0u);
   EXPECT_EQ(s.mapped_received_bytes, 2 * 24 * MiB);
-  reliability::emu().set_device_bytes(0, total_);
-  giver.channel().send("resume");
-  EXPECT_EQ(giver.channel().receive(), "intact");
-  giver.channel().send("exit");
-  EXPECT_EQ(giver.wait(), 0);
+  resume_and_end(giver);
+}
+
+// The giver's handles (18 MiB) against this reload's runs of 12 MiB side by side: grown only to
+// the first length one handle fits in (24 MiB), each run would map one handle and create 6 MiB,
+// which a full device refuses until a held handle goes to the driver for room; grown to the length
+// whose handles leave the least to create (36 MiB, two handles), the reload maps all four handles
+// and creates nothing (Note [runs grow to the handles held]).
+TEST_F(HandoffOverlap, RunsGrowToTheLengthTheHeldHandlesTile) {
+  const tagmem_status init = init_with("TAGMEM_MAX_MAPPING_BYTES", "12MiB");
+  ASSERT_EQ(init, TAGMEM_SUCCESS) << tagmem_last_error();
+  std::mt19937_64 rng(seed_);
+  tag_data w = offloaded_backup("w", 6, 12 * MiB, rng);
+  const char* w_tag = "w";
+  peer_process giver("overlap_trainer", "t");
+  giver.channel().send(std::to_string(seed_ + 1) + " 4 18 0");
+  ASSERT_EQ(giver.channel().receive(), "ready");
+  giver.channel().send("pause");
+  ASSERT_EQ(giver.channel().receive(), "paused given " + std::to_string(72 * MiB));
+  ASSERT_TRUE(eventually([] { return handoff_stats().held_bytes == 72 * MiB; }));
+  fill_device();
+  const std::uint64_t creates = emu_calls("cuMemCreate");
+  const tagmem_status reload = tagmem_reload(&w_tag, 1, 0);
+  ASSERT_EQ(reload, TAGMEM_SUCCESS) << tagmem_last_error();
+  EXPECT_EQ(corrupted(w), 0u);
+  EXPECT_EQ(emu_calls("cuMemCreate"), creates) << "the reload created memory";
+  const tagmem_handoff_stats s = handoff_stats();
+  EXPECT_EQ(s.mapped_received_bytes, 72 * MiB);
+  EXPECT_EQ(s.returned_bytes, 0u);
+  resume_and_end(giver);
 }
 
 }  // namespace

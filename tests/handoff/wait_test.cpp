@@ -156,6 +156,9 @@ class arriving_late final : public physical_source {
     held_.take_up_to(bytes, out);
     if (late_.handle != 0 && held_.put(late_, -1)) late_ = {};
   }
+  std::size_t do_would_take(std::size_t bytes) const noexcept override {
+    return held_.would_take(bytes);
+  }
   bool do_put_back(const physical_part& p) noexcept override { return held_.put_back(p); }
   void do_mapped(std::size_t bytes) noexcept override { held_.mapped(bytes); }
   std::uint64_t do_arrivals() const noexcept override { return held_.arrivals(); }
