@@ -9,8 +9,11 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
+#include <mutex>
 #include <stdexcept>
+#include <vector>
 
 #include "driver/driver.hpp"
 #include "emu_controls.hpp"
@@ -66,10 +69,42 @@ std::string describe(const fd_census& c) {
          " sockets, " + std::to_string(c.shared_copies) + " shared-copy fds and mappings";
 }
 
+namespace {
+
+// The directories this process made, removed with what is left in them when it exits (a peer
+// forked from it and exiting without exec leaves them to their maker).
+struct made_dirs {
+  std::mutex mutex;
+  std::vector<std::string> paths;
+  pid_t maker = ::getpid();
+};
+
+made_dirs& dirs() {
+  static made_dirs* d = [] {
+    auto* m = new made_dirs;  // never destroyed: the exit handler below may run after statics
+    std::atexit([] {
+      made_dirs& self = dirs();
+      if (::getpid() != self.maker) return;
+      std::lock_guard lock(self.mutex);
+      for (const std::string& p : self.paths) {
+        std::error_code ignored;
+        std::filesystem::remove_all(p, ignored);
+      }
+    });
+    return m;
+  }();
+  return *d;
+}
+
+}  // namespace
+
 std::string make_private_dir(const char* what) {
   const char* tmp = std::getenv("TMPDIR");
   std::string pattern = std::string(tmp && *tmp ? tmp : "/tmp") + "/tagmem-" + what + "-XXXXXX";
+  made_dirs& made = dirs();
+  std::lock_guard lock(made.mutex);
   if (!::mkdtemp(pattern.data())) throw std::runtime_error("mkdtemp " + pattern);
+  made.paths.push_back(pattern);
   return pattern;
 }
 

@@ -40,7 +40,8 @@ struct fd_census {
 fd_census take_fd_census();
 std::string describe(const fd_census& c);
 
-// A new directory, mode 0700, under $TMPDIR or /tmp.
+// A new directory, mode 0700, under $TMPDIR or /tmp; removed, with what it holds, when this
+// process exits.
 std::string make_private_dir(const char* what);
 
 // Allocations of one tag with the random bytes written to them.
