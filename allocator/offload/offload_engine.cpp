@@ -153,6 +153,7 @@ class pipeline {
   copying_mark mark_;
   bool mark_early_ = false;  // a reload alone, with copies: may mark before its last run maps
   void mark_if_in_hand() noexcept;
+  std::size_t left_to_map() const noexcept;  // the bytes of the in-runs not mapped yet
   // Note [reload waits for peers]: the reload ran out of device memory and waits, until
   // wait_until_, for memory the job's processes give back.
   bool short_ = false;
@@ -512,12 +513,9 @@ void pipeline::reclaim_parked(incoming& in) {
 void pipeline::announce_reload() noexcept {
   peer_memory* peers = dev_.peers();
   if (!peers || ins_.empty()) return;
-  std::size_t wanted = 0, largest = 0;
-  for (const incoming& in : ins_) {
-    for (const in_run& r : in.runs) wanted += r.size;
-    largest = std::max(largest, largest_span(in, 0));
-  }
-  peers->reloading(wanted, largest);
+  std::size_t largest = 0;
+  for (const incoming& in : ins_) largest = std::max(largest, largest_span(in, 0));
+  peers->reloading(left_to_map(), largest);
   announced_ = true;
 }
 
@@ -538,6 +536,15 @@ pipeline::~pipeline() {
   if (announced_) dev_.peers()->reload_done();
 }
 
+std::size_t pipeline::left_to_map() const noexcept {
+  std::size_t bytes = 0;
+  for (std::size_t i = in_at_; i < ins_.size(); ++i) {
+    const incoming& in = ins_[i];
+    for (std::size_t j = in.mapped; j < in.runs.size(); ++j) bytes += in.runs[j].size;
+  }
+  return bytes;
+}
+
 // Note [copying in hand]: a reload holds its copy mark (copy_gate.hpp) while it copies with all
 // the memory it needs in hand, taking nothing more from the job's processes: the release threads
 // of the job hold their leftovers back meanwhile (Note [releases wait for copies] in
@@ -551,11 +558,7 @@ pipeline::~pipeline() {
 // run maps, so that nobody holds back what it waits for.
 void pipeline::mark_if_in_hand() noexcept {
   if (!mark_early_ || mark_.on() || short_) return;
-  std::size_t left = 0;
-  for (std::size_t i = in_at_; i < ins_.size(); ++i) {
-    const incoming& in = ins_[i];
-    for (std::size_t j = in.mapped; j < in.runs.size(); ++j) left += in.runs[j].size;
-  }
+  const std::size_t left = left_to_map();
   try {
     std::size_t free = 0, total = 0;
     if (left != 0) dev_.memory_info(&free, &total);
@@ -656,12 +659,8 @@ void pipeline::run(tag* const* outs, std::size_t out_count, tag* const* ins, std
     if (in_count) {  // before anything is taken: a failure here changes nothing
       std::size_t total = 0;
       dev_.memory_info(&budget_, &total);
-      std::size_t wanted = 0;
-      for (const incoming& in : ins_) {
-        for (const in_run& r : in.runs) wanted += r.size;
-      }
       // The in-side waits for the out-side's memory: out-mappings must be copied in order.
-      if (wanted > budget_) copies_.keep_d2h_order();
+      if (left_to_map() > budget_) copies_.keep_d2h_order();
     }
     outs_.reserve(out_count);
     try {
