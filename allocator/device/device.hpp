@@ -53,8 +53,7 @@ class device {
   // gives it no more pieces once this turns false).
   bool copy_kernel_wanted() const noexcept;
   // The copy kernel (Note [copy kernel]) when it is loaded (TAGMEM_COPY_KERNEL not `off`), wanted
-  // now or not: a reload also gives it pieces while a copy engine's lane is stalled
-  // (copy_queue.hpp).
+  // now or not: a reload's queue asks copy_kernel_wanted() piece by piece (copy_queue.hpp).
   kernel_copy* copy_kernel() noexcept { return kernel_.stream() != nullptr ? &kernel_ : nullptr; }
   // Waits for all of them (and the copy kernel's stream), also after one fails; returns the
   // first failure / throws it.

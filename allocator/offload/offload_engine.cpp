@@ -437,15 +437,6 @@ void pipeline::queue_in_copies(incoming& in, CUdeviceptr mapped_end) {
 void pipeline::finish_ins() {
   if (ins_.empty()) return;
   std::size_t good = in_at_;
-  // Note [a stalled stream] in copy_queue.hpp: every run is mapped and only copies are left. If
-  // another process of the job is still offloading into this reload, its copies and ours share
-  // the link, and a copy stream that stalls loses the reload its share: the kernel takes pieces
-  // then. Not before: while a reload still waits for memory, its pace is the other process's
-  // copies, which the kernel's reads would slow. Nor in a job whose offloads return early
-  // (TAGMEM_OFFLOAD_RETURN=queued, set alike in its processes): there the switch into the
-  // engine lost more than the switch into the trainer gained (docs/handoff.md).
-  peer_memory* peers = dev_.peers();
-  copies_.kernel_on_stall(!cfg_.offload_return_queued && peers != nullptr && peers->giving_now());
   // Note [copying in hand]: nothing more to take, only copies left.
   const bool copies =
       std::any_of(ins_.begin(), ins_.end(), [](const incoming& in) { return in.copied != 0; });

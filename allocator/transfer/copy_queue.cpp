@@ -101,10 +101,6 @@ void copy_queue::retire(lane& l) {
     dev_.release_event(l.in_flight[done]);
   }
   l.in_flight.erase(l.in_flight.begin(), l.in_flight.begin() + static_cast<std::ptrdiff_t>(done));
-  if (done != 0 && l.kernel == nullptr) {
-    engine_finished_ += done;
-    progressed(l, std::chrono::steady_clock::now());
-  }
   if (r != CUDA_ERROR_NOT_READY) driver::check(r, "cuEventQuery");
 }
 
@@ -114,19 +110,12 @@ void copy_queue::retire(lane& l) {
 bool copy_queue::hand_out() {
   bool handed = false;
   try {
-    const auto now = std::chrono::steady_clock::now();
-    bool kernel_wanted = dev_.copy_kernel_wanted();
+    const bool kernel_wanted = dev_.copy_kernel_wanted();
     for (lane& l : lanes_) {
       retire(l);
     }
-    for (const lane& l : lanes_) {  // Note [a stalled stream]
-      kernel_wanted = kernel_wanted || (kernel_on_stall_ && l.kernel == nullptr &&
-                                        !l.in_flight.empty() && now - l.progress > stall_after &&
-                                        engine_finished_ - l.others_then >= stall_pieces);
-    }
     for (lane& l : lanes_) {
       if (l.kernel != nullptr && !kernel_wanted) continue;  // the copy engines copy on
-      if (l.in_flight.empty()) progressed(l, now);
       while (l.in_flight.size() < depth(l, kernel_wanted) && next_waiting_ < waiting_.size()) {
         const waiting& w = waiting_[next_waiting_++];
         if (l.kernel != nullptr) {

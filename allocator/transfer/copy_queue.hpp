@@ -10,21 +10,16 @@
 // Host-to-device pieces go round-robin over the H2D streams too in a queue made with
 // h2d_lanes::round_robin. In one made with h2d_lanes::by_room (a reload's) they wait in the
 // queue, and each lane — every H2D stream, and the copy kernel's stream (Note [copy kernel] in
-// kernel_copy.hpp) — takes the next one whenever it has fewer than its depth in flight, so a
-// lane slowed down copies less. The kernel's lane takes pieces while the device wants it (after
-// a release) and while a copy engine's lane is stalled: Note [a stalled stream]: with another
-// process of the GPU copying device to host, a copy stream of a reload can make no progress for
-// hundreds of milliseconds (on an H100 the first piece of a reload took 498 ms while the other
-// stream copied on at 35 GB/s; docs/handoff.md, "A stalled copy stream"), while a kernel
-// reading pinned host memory, which no copy engine schedules, copies on. A lane is stalled when
-// no piece of it has finished for stall_after while the other copy engines' lanes finished
-// stall_pieces (a lane merely slow, or a device slow for all, is not). Whether that is worth the
-// kernel is the caller's to say (kernel_on_stall): the kernel's reads take the link from the
-// other process's copies too, and one copy engine may also serve one stream's queue before
-// another's within a single process, at the link's full rate. The queue hands pieces out
-// when more are queued, at pump() and in finish(): a caller that waits for anything else while
-// pieces wait pumps, and one that waits for the copy streams by itself must use
-// h2d_lanes::round_robin.
+// kernel_copy.hpp) while the device wants the kernel (after a release) — takes the next one
+// whenever it has fewer than its depth in flight, so a lane slowed down copies less.
+// Note [a stalled stream]: with another process of the GPU copying at the same time, a copy
+// stream of a reload can make no progress for hundreds of milliseconds while its other stream
+// copies on (docs/handoff.md, "A stalled copy stream"); a stalled lane then holds at most its
+// depth, which runs once the others are done, not half the reload. The kernel does not take over
+// from a stalled lane: its reads of pinned host memory slowed both processes' copy engines more
+// than the stall cost. The queue hands pieces out when more are queued, at pump() and in
+// finish(): a caller that waits for anything else while pieces wait pumps, and one that waits
+// for the copy streams by itself must use h2d_lanes::round_robin.
 //
 // A queue belongs to one caller on one thread, with the device's context current; it holds no
 // lock (the streams are the device's, shared with other queues: finish() waits for theirs too).
@@ -32,7 +27,6 @@
 
 #include <cuda.h>
 
-#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <exception>
@@ -90,9 +84,6 @@ class copy_queue {
   // must outlive the queue. Throws DRIVER (also for a piece queued earlier and handed out now).
   void to_device(const backup_piece& p, const char* tag);
 
-  // Whether a stalled copy engine's lane lets the kernel take pieces (Note [a stalled stream]):
-  // the caller's judgement, given before pieces are handed out; off at first.
-  void kernel_on_stall(bool on) noexcept { kernel_on_stall_ = on; }
   // Whether pieces wait for a lane.
   bool pieces_waiting() const noexcept { return next_waiting_ < waiting_.size(); }
   // Gives waiting pieces to the lanes with room; a failure is kept for finish().
@@ -109,10 +100,6 @@ class copy_queue {
   // wanted every lane holds at most kernel_lane_depth, the kernel's (first) as the engines'.
   static constexpr std::size_t engine_lane_depth = 16;
   static constexpr std::size_t kernel_lane_depth = 4;
-  // A copy engine's lane with pieces in flight and none finished for stall_after (about eight
-  // times a 64 MiB piece at the link's rate), while the others finished stall_pieces, is stalled.
-  static constexpr std::chrono::milliseconds stall_after{10};
-  static constexpr std::uint64_t stall_pieces = 4;
 
  private:
   struct waiting {
@@ -121,20 +108,13 @@ class copy_queue {
   };
   struct lane {
     CUstream stream = nullptr;
-    kernel_copy* kernel = nullptr;                   // null: a copy engine's stream
-    meta_vector<CUevent> in_flight;                  // oldest first
-    std::chrono::steady_clock::time_point progress;  // a piece finished, or the first began
-    std::uint64_t others_then = 0;                   // engine_finished_ then
+    kernel_copy* kernel = nullptr;   // null: a copy engine's stream
+    meta_vector<CUevent> in_flight;  // oldest first
   };
   // How many pieces `l` holds at most; while the kernel is wanted the engines' lanes are as short
   // as its own: they are the slow ones then, and what they hold finishes last.
   static std::size_t depth(const lane& l, bool kernel_wanted) noexcept {
     return l.kernel != nullptr || kernel_wanted ? kernel_lane_depth : engine_lane_depth;
-  }
-  // The lane made progress at `now` (a piece finished, or it took one while empty).
-  void progressed(lane& l, std::chrono::steady_clock::time_point now) const noexcept {
-    l.progress = now;
-    l.others_then = engine_finished_;
   }
   void choose_lanes();
   bool hand_out();
@@ -150,10 +130,8 @@ class copy_queue {
   std::exception_ptr failed_;  // the first failure to hand out a piece; finish() throws it
   meta_vector<CUevent> events_;
   std::size_t next_d2h_ = 0, next_h2d_ = 0;
-  std::uint64_t engine_finished_ = 0;  // pieces finished on copy engines' lanes
   bool d2h_one_stream_ = false;
   CUdeviceptr d2h_word_ = 0;  // 0: pieces do not wait
-  bool kernel_on_stall_ = false;
 };
 
 }  // namespace tagmem
