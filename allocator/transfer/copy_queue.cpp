@@ -113,8 +113,6 @@ bool copy_queue::hand_out() {
     const bool kernel_wanted = dev_.copy_kernel_wanted();
     for (lane& l : lanes_) {
       retire(l);
-    }
-    for (lane& l : lanes_) {
       if (l.kernel != nullptr && !kernel_wanted) continue;  // the copy engines copy on
       while (l.in_flight.size() < depth(l, kernel_wanted) && next_waiting_ < waiting_.size()) {
         const waiting& w = waiting_[next_waiting_++];

@@ -3,6 +3,7 @@
 // stream takes every other piece, and the copy kernel takes none (Note [a stalled stream]). On the
 // emulated driver, which can hold one stream's copy (tagmem_emu_hold_next_h2d_copy) and slow
 // every copy.
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <thread>
@@ -52,24 +53,22 @@ TEST_F(EmulatorCopyLanes, AStalledStreamHoldsItsDepthAndTheOtherStreamCopiesTheR
   const std::uint64_t kernels_before = emulator().call_count("cuLaunchKernel");
   emulator().set_copy_bytes_per_second(100 * MiB);
   emulator().hold_next_h2d_copy();
-  auto* const d = static_cast<unsigned char*>(dst);
-  const auto piece = [&](std::size_t i) { return read_device(d + i * MiB, MiB); };
-  const auto expected = [&](std::size_t i) {
-    return std::vector<unsigned char>(bytes.begin() + i * MiB, bytes.begin() + (i + 1) * MiB);
+  // Whether piece i of what the device holds now matches piece i of `want`.
+  std::vector<unsigned char> seen(kPieces * MiB);
+  const auto same = [&](std::size_t i, const std::vector<unsigned char>& want) {
+    return std::equal(seen.begin() + i * MiB, seen.begin() + (i + 1) * MiB, want.begin() + i * MiB);
   };
   bool rest_arrived = false;
   std::size_t held_back = 0;  // of pieces 1..kDepth-1, those still zero while the hold lasts
   std::thread let_go([&] {
     const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
     while (!rest_arrived && std::chrono::steady_clock::now() < until) {
+      read_device(seen.data(), dst, seen.size());
       rest_arrived = true;
-      for (std::size_t i = kDepth; i < kPieces && rest_arrived; ++i) {
-        rest_arrived = piece(i) == expected(i);
-      }
+      for (std::size_t i = kDepth; i < kPieces; ++i) rest_arrived = rest_arrived && same(i, bytes);
       if (!rest_arrived) std::this_thread::sleep_for(std::chrono::milliseconds(5));
     }
-    for (std::size_t i = 1; i < kDepth; ++i)
-      held_back += piece(i) == std::vector<unsigned char>(MiB, 0) ? 1 : 0;
+    for (std::size_t i = 1; i < kDepth; ++i) held_back += same(i, zeros) ? 1 : 0;
     emulator().release_held_copy();
   });
   {
