@@ -53,7 +53,8 @@ class device {
   // gives it no more pieces once this turns false).
   bool copy_kernel_wanted() const noexcept;
   // The copy kernel (Note [copy kernel]) when it is loaded (TAGMEM_COPY_KERNEL not `off`), wanted
-  // now or not: a reload's queue asks copy_kernel_wanted() piece by piece (copy_queue.hpp).
+  // now or not: a reload's queue asks copy_kernel_wanted() each time it hands pieces out
+  // (copy_queue.hpp).
   kernel_copy* copy_kernel() noexcept { return kernel_.stream() != nullptr ? &kernel_ : nullptr; }
   // Waits for all of them (and the copy kernel's stream), also after one fails; returns the
   // first failure / throws it.

@@ -103,8 +103,6 @@ class peer_memory {
   void waited(std::chrono::nanoseconds how_long, bool timed_out) noexcept {
     do_waited(how_long, timed_out);
   }
-  // Whether a process of the job is handing memory to this one now: it is offloading.
-  bool giving_now() const noexcept { return do_giving_now(); }
   // A reload copies with all the memory it needs in hand (true: Note [copying in hand] in
   // offload/offload_engine.cpp), until its copies end or it waits for memory (false); the
   // job's processes hold their releases back meanwhile (Note [releases wait for copies] in
@@ -129,7 +127,6 @@ class peer_memory {
   virtual bool do_wait_for_more(std::chrono::steady_clock::time_point until,
                                 std::uint64_t arrivals_seen) noexcept = 0;
   virtual void do_waited(std::chrono::nanoseconds how_long, bool timed_out) noexcept = 0;
-  virtual bool do_giving_now() const noexcept = 0;
   virtual void do_copying(bool on) noexcept = 0;
   virtual bool do_others_copying() noexcept = 0;
 };

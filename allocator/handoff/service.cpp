@@ -34,13 +34,6 @@ identity make_identity(device& dev, const config& cfg, const std::string& job,
   return id;
 }
 
-// While a giver's session is open, giving_now() (a reload may then copy with the kernel).
-struct serving {
-  std::atomic<bool>& flag;
-  explicit serving(std::atomic<bool>& f) : flag(f) { flag = true; }
-  ~serving() { flag = false; }
-};
-
 }  // namespace
 
 service::service(device& dev, const config& cfg, const std::string& job, const std::string& dir)
@@ -185,7 +178,6 @@ void service::run() noexcept {
       attached = std::move(attached_);
     }
     if (attached) {
-      serving on(serving_);
       serve_giver(dev_, id_, book_, inbox_, stats_, *attached, false, coming_);
       continue;
     }
@@ -206,7 +198,6 @@ void service::run() noexcept {
       const int c = ::accept4(listen_fd, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
       if (c < 0) continue;
       peers::unix_channel ch(c, "handoff giver");
-      serving on(serving_);
       serve_giver(dev_, id_, book_, inbox_, stats_, ch, true, coming_);
     }
   }

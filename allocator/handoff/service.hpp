@@ -89,7 +89,6 @@ class service final : public peer_memory {
   bool do_wait_for_more(std::chrono::steady_clock::time_point until,
                         std::uint64_t arrivals_seen) noexcept override;
   void do_waited(std::chrono::nanoseconds how_long, bool timed_out) noexcept override;
-  bool do_giving_now() const noexcept override { return serving_.load(); }
   void do_copying(bool on) noexcept override;
   bool do_others_copying() noexcept override { return gate_.others_copying(); }
 
@@ -114,7 +113,6 @@ class service final : public peer_memory {
   std::unique_ptr<peers::unix_channel> attached_;  // attach_for_test's taker side
   bool stop_ = false;
   std::atomic<std::uint64_t> coming_{0};
-  std::atomic<bool> serving_{false};  // a giver's session is open
   int wake_fd_ = -1;
   std::thread thread_;
 };
