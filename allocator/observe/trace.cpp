@@ -54,7 +54,6 @@ state& st() {
 std::atomic<bool> g_file{false};
 std::atomic<bool> g_nvtx{false};
 constexpr std::size_t kMaxEvents = 1u << 20;  // past this, events are counted, not kept
-const auto g_epoch = std::chrono::steady_clock::now();
 
 int thread_track() {
   static std::atomic<int> next{1};
@@ -119,8 +118,12 @@ nvtxDomainHandle_t nvtx_domain() {
 
 }  // namespace
 
+// The machine's monotonic clock (steady_clock is CLOCK_MONOTONIC on Linux), not time since this
+// process began: one base in every process, so that a trainer's and an engine's traces opened
+// together line up.
 double now_us() noexcept {
-  return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - g_epoch)
+  return std::chrono::duration<double, std::micro>(
+             std::chrono::steady_clock::now().time_since_epoch())
       .count();
 }
 

@@ -80,7 +80,7 @@ void copy_span(const void* stream, bool to_host, double start_us, double dur_us,
 // Whether events are being kept for a file (TAGMEM_TRACE names one).
 bool recording() noexcept;
 
-// Microseconds on the trace's clock (steady, since the process started tracing).
+// Microseconds on the trace's clock: the machine's monotonic clock, the same in every process.
 double now_us() noexcept;
 
 }  // namespace tagmem::trace

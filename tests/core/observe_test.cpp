@@ -10,6 +10,8 @@
 
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
+#include <ctime>
 #include <fstream>
 #include <iterator>
 #include <map>
@@ -305,6 +307,46 @@ TEST_F(Observe, TraceFlushWritesTheSwitchesSoFarAndReportsAnUnwritablePath) {
   EXPECT_EQ(corrupted(b), 0u);
   for (auto& x : b) TAGMEM_OK(tagmem_free(x.ptr, nullptr));
   ASSERT_EQ(tagmem_shutdown(), TAGMEM_SUCCESS);  // the unwritable trace does not fail shutdown
+}
+
+// Event times are the machine's monotonic clock (CLOCK_MONOTONIC, in microseconds), the same in
+// every process, so that the traces of a trainer and an engine opened together line up.
+TEST_F(Observe, TraceTimesAreTheMachinesMonotonicClock) {
+  auto rng = rng_for_test();
+  const std::string path =
+      ::testing::TempDir() + "tagmem_trace_clock_" + std::to_string(rng()) + ".json";
+  ASSERT_EQ(tagmem_shutdown(), TAGMEM_SUCCESS);
+  scoped_env trace("TAGMEM_TRACE", path.c_str());
+  ASSERT_EQ(tagmem_init(nullptr), TAGMEM_SUCCESS) << tagmem_last_error();
+  const std::string tag = "clocked_" + std::to_string(rng() % 100000);
+  auto a = fill(rng, tag.c_str(), 1 + rng() % 3, (1 + rng() % 4) << 20);
+  const char* tags[] = {tag.c_str()};
+  auto monotonic_us = [] {
+    timespec t{};
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return double(t.tv_sec) * 1e6 + double(t.tv_nsec) / 1e3;
+  };
+  const double before = monotonic_us();
+  TAGMEM_OK(tagmem_offload(tags, 1, 0, TAGMEM_BACKUP));
+  TAGMEM_OK(tagmem_reload(tags, 1, 0));
+  const double after = monotonic_us();
+  TAGMEM_OK(tagmem_trace_flush());
+  std::ifstream in(path);
+  ASSERT_TRUE(in) << path;
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  for (const char* span : {"{\"name\":\"offload\"", "{\"name\":\"reload\""}) {
+    const std::size_t at = text.find(span);
+    ASSERT_NE(at, std::string::npos) << span;
+    const std::size_t ts = text.find("\"ts\":", at);
+    ASSERT_NE(ts, std::string::npos) << span;
+    const double t = std::strtod(text.c_str() + ts + 5, nullptr);
+    EXPECT_GE(t, before - 1) << span;  // %.3f rounding
+    EXPECT_LE(t, after + 1) << span;
+  }
+  EXPECT_EQ(corrupted(a), 0u);
+  for (auto& x : a) TAGMEM_OK(tagmem_free(x.ptr, nullptr));
+  ASSERT_EQ(tagmem_shutdown(), TAGMEM_SUCCESS);
+  std::remove(path.c_str());
 }
 
 // "%p" in TAGMEM_TRACE names this process's pid, so the processes of a job that share one
