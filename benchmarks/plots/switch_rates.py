@@ -6,8 +6,9 @@
 Each process writes its own trace (TAGMEM_TRACE=/tmp/t-%p.json); their times are the machine's
 monotonic clock, so the files line up. A switch is one process's reload with the other processes'
 offloads since their own last reload: for each, the calls, then the copy rate of every process and
-direction in bins of --bin-ms (GB/s; a piece's bytes spread over its span, which starts when the
-piece could start, so a piece that waited for the copy engine is spread over its wait), the bytes
+direction in bins of --bin-ms until the last of their copies (an offload that returned early copies
+after its call), in GB/s: a piece's bytes are spread over its span, which starts when the piece
+could start, so a piece that waited for the copy engine is spread over its wait; then the bytes
 each moved, and the host-side spans longer than --spans-ms. A process is named by its pid and the
 tags it copied. docs/observe.md describes the trace.
 """
@@ -78,6 +79,10 @@ def report(spans, bin_ms, spans_ms, out):
     for r, outs in switches(spans):
         lo = min([r["ts"]] + [c["ts"] for c in outs])
         hi = max([r["ts"] + r["dur"]] + [c["ts"] + c["dur"] for c in outs])
+        # An offload that returned early (TAGMEM_OFFLOAD_RETURN=queued) copies after its call.
+        pids = {r["pid"]} | {c["pid"] for c in outs}
+        hi = max([hi] + [e["ts"] + e["dur"] for e in spans
+                         if e.get("cat") == "copy" and e["pid"] in pids and lo <= e["ts"] < hi])
         out.write("\nswitch into %s: %.1f ms from the first call to the reload's end\n" %
                   (names.get(r["pid"], r["pid"]), (r["ts"] + r["dur"] - lo) / 1e3))
         for c in outs + [r]:
