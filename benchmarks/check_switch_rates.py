@@ -29,8 +29,7 @@ def main():
     assert len(found) == 2 * cycles, [(r["pid"], len(o)) for r, o in found]
     copied = {}  # (pid, direction) -> bytes, per switch
     for r, outs in found:
-        lo = min(c["ts"] for c in outs + [r])
-        hi = max(c["ts"] + c["dur"] for c in outs + [r])
+        lo, hi = switch_rates.window(spans, r, outs)
         # Called at once: the reload starts before the last offload ends.
         assert r["ts"] < max(c["ts"] + c["dur"] for c in outs), (r, outs)
         _, moved = switch_rates.rates(spans, lo, hi, 20e3)

@@ -73,16 +73,22 @@ def rates(spans, lo, hi, bin_us):
     return per_bin, moved
 
 
+def window(spans, r, outs):
+    """(lo, hi): from the switch's first call to the end of its last call or of its processes'
+    last copy begun before then (an offload that returned early, TAGMEM_OFFLOAD_RETURN=queued,
+    copies after its call)."""
+    lo = min([r["ts"]] + [c["ts"] for c in outs])
+    hi = max([r["ts"] + r["dur"]] + [c["ts"] + c["dur"] for c in outs])
+    pids = {r["pid"]} | {c["pid"] for c in outs}
+    return lo, max([hi] + [e["ts"] + e["dur"] for e in spans
+                           if e.get("cat") == "copy" and e["pid"] in pids and lo <= e["ts"] < hi])
+
+
 def report(spans, bin_ms, spans_ms, out):
     names = process_names(spans)
     bin_us = bin_ms * 1e3
     for r, outs in switches(spans):
-        lo = min([r["ts"]] + [c["ts"] for c in outs])
-        hi = max([r["ts"] + r["dur"]] + [c["ts"] + c["dur"] for c in outs])
-        # An offload that returned early (TAGMEM_OFFLOAD_RETURN=queued) copies after its call.
-        pids = {r["pid"]} | {c["pid"] for c in outs}
-        hi = max([hi] + [e["ts"] + e["dur"] for e in spans
-                         if e.get("cat") == "copy" and e["pid"] in pids and lo <= e["ts"] < hi])
+        lo, hi = window(spans, r, outs)
         out.write("\nswitch into %s: %.1f ms from the first call to the reload's end\n" %
                   (names.get(r["pid"], r["pid"]), (r["ts"] + r["dur"] - lo) / 1e3))
         for c in outs + [r]:
