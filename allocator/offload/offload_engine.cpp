@@ -11,7 +11,12 @@
 // A queueing failure therefore happens before anything is unmapped and leaves every tag as it
 // was. When the in-side only fits as the out-side goes (a memory-tight swap), the pieces go to
 // one D2H stream instead, so that out-mappings finish, and are unmapped, in address order
-// (copy_queue::keep_d2h_order says why). Then one loop on the calling thread unmaps each
+// (copy_queue::keep_d2h_order says why). So do they in an offload with nothing coming in on a
+// device whose job's processes take what it unmaps (Note [handoff] in handoff/service.hpp): a
+// process reloading beside it can map each mapping only once it is handed over, and with another
+// process copying the copy engines were seen to serve one D2H stream of a process at a time, so
+// that round-robin pieces handed the first mapping over only once half of the offload was copied
+// (docs/handoff.md, "Handed in order"). Then one loop on the calling thread unmaps each
 // out-mapping as soon as the events of the copies covering it have fired, and maps each in-run as
 // soon as device memory allows, queueing its host-to-device copies on the H2D streams: unmapping
 // overlaps copying, and in a swap both PCIe directions run at once. When the in-tags only fit once
@@ -668,6 +673,7 @@ void pipeline::run(tag* const* outs, std::size_t out_count, tag* const* ins, std
         way_.start(std::chrono::milliseconds(cfg_.handoff_timeout_ms));
         copies_.d2h_wait_on(way_.word());
       }
+      if (in_count == 0 && dev_.peers()) copies_.keep_d2h_order();  // Note [unmap as copied]
       queue_out_copies();
       if (in_count == 0 && dev_.peers()) open_sink();
     } catch (...) {  // nothing is unmapped yet: every tag is as it was
