@@ -17,7 +17,17 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "plo
 import switch_rates  # noqa: E402
 
 
+def check_short_span():
+    # A copy of a few nanoseconds late on the monotonic clock is counted whole, no more.
+    ts = 5983034358.253
+    span = {"cat": "copy", "name": "copy D2H", "pid": 1, "ts": ts, "dur": 0.0,
+            "args": {"bytes": 50331648}}
+    _, moved = switch_rates.rates([span], ts - 4774.832, ts + 197589.0, 20e3)
+    assert moved[(1, "D2H")] == 50331648, moved
+
+
 def main():
+    check_short_span()
     cycles = 2
     with tempfile.TemporaryDirectory() as tmp:
         env = dict(os.environ, TAGMEM_TRACE=os.path.join(tmp, "t-%p.json"))

@@ -66,7 +66,10 @@ def rates(spans, lo, hi, bin_us):
         b = e["args"].get("bytes", 0)
         first, last = max(0, int((s - lo) // bin_us)), min(n - 1, int((s + d - lo) // bin_us))
         for k in range(first, last + 1):
-            x0, x1 = max(s, lo + k * bin_us), min(s + d, lo + (k + 1) * bin_us, hi)
+            # Offsets into the span, not absolute times: a span of a few nanoseconds at a
+            # timestamp of 10^10 microseconds would otherwise gain or lose bytes to rounding.
+            x0 = max(0.0, (lo - s) + k * bin_us)
+            x1 = min(d, (lo - s) + (k + 1) * bin_us, hi - s)
             if x1 > x0:
                 per_bin[key][k] += b * (x1 - x0) / d
                 moved[key] += b * (x1 - x0) / d
