@@ -673,9 +673,10 @@ void pipeline::run(tag* const* outs, std::size_t out_count, tag* const* ins, std
         way_.start(std::chrono::milliseconds(cfg_.handoff_timeout_ms));
         copies_.d2h_wait_on(way_.word());
       }
-      if (in_count == 0 && dev_.peers()) copies_.keep_d2h_order();  // Note [unmap as copied]
+      const bool hands_over = in_count == 0 && dev_.peers();  // to the job's processes
+      if (hands_over) copies_.keep_d2h_order();               // Note [unmap as copied]
       queue_out_copies();
-      if (in_count == 0 && dev_.peers()) open_sink();
+      if (hands_over) open_sink();
     } catch (...) {  // nothing is unmapped yet: every tag is as it was
       way_.stop();
       try {

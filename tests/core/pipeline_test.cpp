@@ -8,13 +8,10 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
-#include <fstream>
-#include <iterator>
-#include <regex>
-#include <set>
 #include <thread>
 
 #include "test_support.hpp"
+#include "trace_copies.hpp"
 
 namespace tagmem::test {
 namespace {
@@ -116,21 +113,6 @@ TEST_F(EmulatorPipeline, SwapSucceedsWhenInTagsFitOnlyAfterOutTagsLeave) {
   }
 }
 
-// The D2H streams (trace tracks) that copied `tag`'s pieces, from a trace file (docs/observe.md).
-std::set<std::string> d2h_tracks(const std::string& path, const std::string& tag) {
-  std::ifstream in(path);
-  EXPECT_TRUE(in) << path;
-  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  const std::regex copy(
-      R"re(\{"name":"copy D2H","cat":"copy","ph":"X","ts":[0-9.]+,"dur":[0-9.]+,"pid":[0-9]+,)re"
-      R"re("tid":([0-9]+),"args":\{"tag":"([^"]*)")re");
-  std::set<std::string> tracks;
-  for (std::sregex_iterator it(text.begin(), text.end(), copy), end; it != end; ++it) {
-    if ((*it)[2] == tag) tracks.insert((*it)[1]);
-  }
-  return tracks;
-}
-
 // A swap whose in-side fits only as its out-side goes copies the out-side on one D2H stream, so
 // that out-mappings finish in address order and the in-side can start after the first (copy
 // engines need not serve two streams of one direction fairly: copy_queue::keep_d2h_order); a
@@ -159,7 +141,7 @@ TEST_F(EmulatorPipeline, TightSwapCopiesItsOutSideInOrder) {
     TAGMEM_OK(tagmem_swap(trainer_tag, 1, engine_tag, 1, 0, TAGMEM_BACKUP));
     EXPECT_EQ(corrupted(engine), 0u);
     TAGMEM_OK(tagmem_trace_flush());
-    const std::set<std::string> tracks = d2h_tracks(path, "trainer");
+    const auto tracks = d2h_tracks(path, "trainer");
     if (tight) {
       EXPECT_EQ(tracks.size(), 1u) << "the tight swap's out-side copies were spread over streams";
     } else {

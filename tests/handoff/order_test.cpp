@@ -7,40 +7,25 @@
 #include <gtest/gtest.h>
 
 #include <cstdio>
-#include <fstream>
-#include <iterator>
+#include <map>
 #include <random>
-#include <set>
 #include <string>
 
 #include "harness.hpp"
 #include "test_support.hpp"
+#include "trace_copies.hpp"
 
 namespace tagmem::handoff_test {
 namespace {
 
+using test::d2h_tracks;
 using test::scoped_env;
 
-// The streams (trace tids) of the device-to-host copies in the trace at `path`, and how many.
-std::set<long> d2h_streams(const std::string& path, std::size_t* copies) {
-  std::ifstream in(path);
-  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  std::set<long> tids;
-  *copies = 0;
-  const std::string name = "{\"name\":\"copy D2H\"";
-  for (std::size_t at = text.find(name); at != std::string::npos; at = text.find(name, at + 1)) {
-    const std::size_t tid = text.find("\"tid\":", at);
-    const std::size_t end = text.find('}', at);
-    if (tid == std::string::npos || tid > end) continue;
-    tids.insert(std::strtol(text.c_str() + tid + 6, nullptr, 10));
-    ++*copies;
-  }
-  return tids;
-}
-
 // Offloads (BACKUP) a tag of `count` mappings cut into 4 MiB pieces with TAGMEM_HANDOFF as given,
-// reloads it and checks every byte; returns the D2H streams its offload's pieces ran on.
-std::set<long> offload_streams(const char* handoff, int count, std::mt19937_64& rng) {
+// reloads it and checks every byte; returns the D2H streams its offload's pieces ran on, with
+// how many each.
+std::map<std::string, std::size_t> offload_streams(const char* handoff, int count,
+                                                   std::mt19937_64& rng) {
   const std::string path = ::testing::TempDir() + "tagmem_order_" + std::to_string(rng()) + ".json";
   scoped_env trace("TAGMEM_TRACE", path.c_str());
   scoped_env mode("TAGMEM_HANDOFF", handoff);
@@ -51,8 +36,9 @@ std::set<long> offload_streams(const char* handoff, int count, std::mt19937_64& 
   check(tagmem_offload(tags, 1, 0, TAGMEM_BACKUP), "tagmem_offload");
   check(tagmem_wait_released(0), "tagmem_wait_released");
   check(tagmem_trace_flush(), "tagmem_trace_flush");
+  const auto streams = d2h_tracks(path, "ordered");
   std::size_t copies = 0;
-  std::set<long> streams = d2h_streams(path, &copies);
+  for (const auto& [track, pieces] : streams) copies += pieces;
   EXPECT_GE(copies, (count * kPiece) / (4 * MiB)) << path;  // more where host slabs end
   check(tagmem_reload(tags, 1, 0), "tagmem_reload");
   EXPECT_EQ(corrupted(d), 0u);
