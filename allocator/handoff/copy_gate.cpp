@@ -11,6 +11,7 @@
 
 #include "handoff/handoff_point.hpp"
 #include "observe/log.hpp"
+#include "observe/trace.hpp"
 
 namespace tagmem::handoff {
 
@@ -46,12 +47,14 @@ void copy_gate::begin() noexcept {
   // A prober holds its shared lock for a moment only.
   while (::flock(fd_, LOCK_EX) != 0 && errno == EINTR) {
   }
+  trace::counter("copy_mark", 1);
 }
 
 void copy_gate::end() noexcept {
   std::lock_guard lock(mutex_);
   if (copying_ == 0 || --copying_ > 0 || fd_ < 0) return;
   ::flock(fd_, LOCK_UN);
+  trace::counter("copy_mark", 0);
 }
 
 bool copy_gate::any_held(bool others_only) noexcept {

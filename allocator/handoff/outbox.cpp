@@ -11,6 +11,7 @@
 #include "device/received_fds.hpp"
 #include "driver/driver.hpp"
 #include "observe/log.hpp"
+#include "observe/trace.hpp"
 #include "peers/messages.hpp"
 
 namespace tagmem::handoff {
@@ -141,6 +142,7 @@ void outbox::drop(session& s) noexcept {
 bool outbox::send_one(session& s, physical_part p) {
   // An imported handle goes as the descriptor it came with (Note [one hop]); one created before
   // handoff was on cannot be shared and goes to the driver as without handoff.
+  trace::span span("give", nullptr, p.size);
   const int fd = received_fds::shareable_fd(p.handle);
   if (fd < 0) return false;
   peers::owned_fds exported;
@@ -175,6 +177,7 @@ void outbox::collect(session& s, bool all) {
       continue;
     }
     // The taker holds its own reference now: this one goes, and no memory reaches the driver.
+    trace::span span("given", nullptr, p.size);
     if (received_fds::release_handle(p.handle) != CUDA_SUCCESS) {
       try {
         dev_.releases().push(p.handle, 0);  // tried again later; 0 bytes: they stay in use

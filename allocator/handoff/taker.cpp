@@ -6,6 +6,7 @@
 #include "device/device.hpp"
 #include "driver/driver.hpp"
 #include "observe/log.hpp"
+#include "observe/trace.hpp"
 #include "peers/messages.hpp"
 
 namespace tagmem::handoff {
@@ -61,6 +62,7 @@ std::uint32_t import_given(device& dev, const identity& id, want_book& book, inb
   for (std::size_t i = 0; i < g.sizes.size(); ++i) {
     const std::uint64_t size = g.sizes[i];
     if (size % id.me.granularity != 0 || !book.take(size)) break;
+    trace::span span("take", nullptr, size);
     CUmemGenericAllocationHandle h = 0;
     CUresult r = api.cuMemImportFromShareableHandle(
         &h, reinterpret_cast<void*>(static_cast<std::intptr_t>(fds[i])),

@@ -586,6 +586,7 @@ bool pipeline::wait_for_peers(const error& why) {
   const auto now = std::chrono::steady_clock::now();
   if (!waiting_) {
     waiting_ = true;
+    trace::counter("peer_wait", 1);
     wait_start_ = now;
     wait_until_ = now + std::chrono::milliseconds(cfg_.handoff_wait_ms);
     std::size_t largest = 0;
@@ -607,6 +608,7 @@ bool pipeline::wait_for_peers(const error& why) {
             std::string(why.what()) + "; waited " + std::to_string(waited_ms) +
                 " ms (TAGMEM_HANDOFF_WAIT_MS) for memory from the job's processes"));
   waiting_ = false;
+  trace::counter("peer_wait", 0);
   return true;
 }
 
@@ -700,6 +702,7 @@ void pipeline::run(tag* const* outs, std::size_t out_count, tag* const* ins, std
       if (progress && waiting_ && !short_) {  // the run that waited is mapped
         dev_.peers()->waited(std::chrono::steady_clock::now() - wait_start_, false);
         waiting_ = false;
+        trace::counter("peer_wait", 0);
       }
       if (!progress) {
         if (short_) {  // Note [reload waits for peers]
