@@ -546,14 +546,20 @@ std::size_t pipeline::left_to_map() const noexcept {
 // of the job hold their leftovers back meanwhile (Note [releases wait for copies] in
 // release_queue.hpp), and an offload that returned early holds its copies back (Note [copies give
 // way] in give_way.hpp), so that this reload's copies have the link. A reload with every run
-// mapped has it all. So does a reload alone (no tag going out of this process) whose runs left
-// to map fit in what is free on the device and what the job has handed it: it marks as soon as
-// that holds, before mapping the rest (in a switch into a trainer whose memory the engine's kv
-// cache handed over, 60 ms of mapping earlier on an H100). Such a reload that then runs short
-// and waits for the job's memory (Note [reload waits for peers]) drops the mark until its last
-// run maps, so that nobody holds back what it waits for.
+// mapped has it all. A reload alone (no tag going out of this process) marks from its start, as
+// long as it has not run short: what it maps comes from memory free on the device and from what
+// the job hands it, and a giver's leftovers released beside it slow its copies for far longer
+// than the release takes (Note [release aftermath]), whether or not it needed that memory
+// (docs/handoff.md, "Leftovers wait for the copies"). When it runs short and waits for the job's
+// memory (Note [reload waits for peers]), it drops the mark, so that nobody holds back what it
+// waits for, and takes it again once what it has left to map fits in what is free and what the
+// job has handed it, or once the run it waited for maps.
 void pipeline::mark_if_in_hand() noexcept {
   if (!mark_early_ || mark_.on() || short_) return;
+  if (!waiting_) {
+    mark_.set(true);
+    return;
+  }
   const std::size_t left = left_to_map();
   try {
     std::size_t free = 0, total = 0;
@@ -703,6 +709,7 @@ void pipeline::run(tag* const* outs, std::size_t out_count, tag* const* ins, std
         dev_.peers()->waited(std::chrono::steady_clock::now() - wait_start_, false);
         waiting_ = false;
         trace::counter("peer_wait", 0);
+        mark_if_in_hand();
       }
       if (!progress) {
         if (short_) {  // Note [reload waits for peers]

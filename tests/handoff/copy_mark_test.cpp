@@ -1,6 +1,6 @@
 // copy_mark_test.cpp — when a reload holds its copy mark (Note [copying in hand] in
-// allocator/offload/offload_engine.cpp): from its start when the memory it maps is already free
-// or handed over, before its first run maps; not while it waits for the job's memory.
+// allocator/offload/offload_engine.cpp): from its start, before its first run maps, whether or not
+// the memory it maps is free or handed over yet; not while it waits for the job's memory.
 #include <gtest/gtest.h>
 
 #include <cstdlib>
@@ -55,8 +55,10 @@ TEST_F(CopyMark, AReloadThatWaitsForMemoryHoldsNoMark) {
   const std::uint64_t creates = emu_calls("cuMemCreate");
   {
     reload_thread reloader("w");
-    // It tried to create its first run and waits now.
+    // It tried to create its first run and waits now, its mark (taken at its start) let go.
     ASSERT_TRUE(eventually([&] { return emu_calls("cuMemCreate") > creates; }));
+    ASSERT_TRUE(eventually([] { return !copy_mark_held(dir()); }))
+        << "a reload waiting for memory held its mark";
     for (int i = 0; i < 40; ++i) {
       ASSERT_FALSE(copy_mark_held(dir())) << "a reload waiting for memory held its mark";
       std::this_thread::sleep_for(std::chrono::milliseconds(5));
@@ -64,6 +66,30 @@ TEST_F(CopyMark, AReloadThatWaitsForMemoryHoldsNoMark) {
     reliability::emu().set_device_bytes(0, total_);
     ASSERT_EQ(reloader.finish(), "");
   }
+  EXPECT_EQ(corrupted(w), 0u);
+}
+
+// The device has room for the reload's first run only and the job has handed nothing: the reload
+// marks before it maps all the same, since a giver's leftovers released beside its copies would
+// slow them whether or not it needs that memory; once its second run does not fit, it waits and
+// lets the mark go.
+TEST_F(CopyMark, AReloadThatHasNotRunShortMarksBeforeItsMemoryIsInHand) {
+  ASSERT_EQ(init_with("TAGMEM_MAX_MAPPING_BYTES", "30MiB"), TAGMEM_SUCCESS) << tagmem_last_error();
+  std::mt19937_64 rng(seed_);
+  tag_data w = offloaded_backup("w", 3, kPiece, rng);  // three runs of one mapping each
+  reliability::emu().set_device_bytes(0, reliability::emu().device_used_bytes(0) + kPiece * 3 / 2);
+  reliability::emu().hold_next_map();
+  {
+    reload_thread reloader("w");
+    EXPECT_TRUE(eventually([] { return copy_mark_held(dir()); }))
+        << "the reload did not mark before mapping, with room for one run of three";
+    reliability::emu().release_held_map();
+    EXPECT_TRUE(eventually([] { return !copy_mark_held(dir()); }))
+        << "the reload held its mark while it waited for memory";
+    reliability::emu().set_device_bytes(0, total_);
+    ASSERT_EQ(reloader.finish(), "");
+  }
+  EXPECT_FALSE(copy_mark_held(dir())) << "the mark outlived the reload";
   EXPECT_EQ(corrupted(w), 0u);
 }
 
