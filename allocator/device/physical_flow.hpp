@@ -93,6 +93,9 @@ class peer_memory {
   void reload_done() noexcept { do_reload_done(); }
   // Held handles larger than `largest_run` go to the driver (0: every held handle).
   void release_unfit(std::size_t largest_run) noexcept { do_release_unfit(largest_run); }
+  // The bytes a process of the job handing memory to this one now is still expected to hand
+  // over (0 when none is).
+  std::uint64_t still_coming() const noexcept { return do_still_coming(); }
   // Waits until `until` unless a handle has arrived since `arrivals_seen` (held().arrivals()
   // before the caller last looked); returns whether one did.
   bool wait_for_more(std::chrono::steady_clock::time_point until,
@@ -124,6 +127,7 @@ class peer_memory {
   virtual void do_reloading(std::size_t wanted, std::size_t largest_run) noexcept = 0;
   virtual void do_reload_done() noexcept = 0;
   virtual void do_release_unfit(std::size_t largest_run) noexcept = 0;
+  virtual std::uint64_t do_still_coming() const noexcept = 0;
   virtual bool do_wait_for_more(std::chrono::steady_clock::time_point until,
                                 std::uint64_t arrivals_seen) noexcept = 0;
   virtual void do_waited(std::chrono::nanoseconds how_long, bool timed_out) noexcept = 0;

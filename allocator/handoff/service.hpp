@@ -86,6 +86,7 @@ class service final : public peer_memory {
   void do_reloading(std::size_t wanted, std::size_t largest_run) noexcept override;
   void do_reload_done() noexcept override;
   void do_release_unfit(std::size_t largest_run) noexcept override;
+  std::uint64_t do_still_coming() const noexcept override { return coming_.load(); }
   bool do_wait_for_more(std::chrono::steady_clock::time_point until,
                         std::uint64_t arrivals_seen) noexcept override;
   void do_waited(std::chrono::nanoseconds how_long, bool timed_out) noexcept override;

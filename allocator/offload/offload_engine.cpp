@@ -167,6 +167,15 @@ class pipeline {
   std::chrono::steady_clock::time_point wait_start_, wait_until_;
   bool wait_for_peers(const error& why);
   void wait_for_peers_step() noexcept;
+  // Note [handles before creates]: the next run waits for handles still coming from the job
+  // rather than create more than the device has free; until await_until_ at most.
+  bool awaiting_ = false;
+  bool await_started_ = false;
+  std::chrono::steady_clock::time_point await_until_;
+  bool await_handles(const in_run& r) noexcept;
+  bool should_await(const in_run& r) noexcept;
+  // Pumps the copies waiting for a lane until `until` or a handle's arrival.
+  void pump_until_arrival(std::chrono::steady_clock::time_point until) noexcept;
 };
 
 // ---- out side -----------------------------------------------------------------------------
@@ -333,6 +342,7 @@ bool pipeline::map_next() {
   if (peers) {
     room_.arrivals_seen = peers->held().arrivals();  // before the try looks at what is held
     grow_to_held(in, peers->held());
+    if (!out_left() && await_handles(r)) return false;
   }
   // While out-mappings remain, a run maps when the memory they gave up covers it (Note [physical
   // recycling]) or the driver's free memory does; otherwise it waits for more of them.
@@ -555,7 +565,7 @@ std::size_t pipeline::left_to_map() const noexcept {
 // waits for, and takes it again once what it has left to map fits in what is free and what the
 // job has handed it, or once the run it waited for maps.
 void pipeline::mark_if_in_hand() noexcept {
-  if (!mark_early_ || mark_.on() || short_) return;
+  if (!mark_early_ || mark_.on() || short_ || awaiting_) return;
   if (!waiting_) {
     mark_.set(true);
     return;
@@ -621,15 +631,62 @@ bool pipeline::wait_for_peers(const error& why) {
 void pipeline::wait_for_peers_step() noexcept {
   short_ = false;
   using std::chrono::steady_clock;
-  const auto tick = std::min(steady_clock::now() + std::chrono::milliseconds(20), wait_until_);
+  pump_until_arrival(std::min(steady_clock::now() + std::chrono::milliseconds(20), wait_until_));
+}
+
+void pipeline::pump_until_arrival(std::chrono::steady_clock::time_point until) noexcept {
+  using std::chrono::steady_clock;
   // The runs mapped so far have pieces waiting for a lane: they go on copying meanwhile.
   while (copies_.pieces_waiting()) {
-    const auto slice = std::min(tick, steady_clock::now() + std::chrono::microseconds(500));
+    const auto slice = std::min(until, steady_clock::now() + std::chrono::microseconds(500));
     if (dev_.peers()->wait_for_more(slice, room_.arrivals_seen)) return;
     copies_.pump();
-    if (slice == tick) return;
+    if (slice == until) return;
   }
-  dev_.peers()->wait_for_more(tick, room_.arrivals_seen);
+  dev_.peers()->wait_for_more(until, room_.arrivals_seen);
+}
+
+// Note [handles before creates]: a reload alone maps what the job hands it and creates the rest
+// (Note [runs grow to the handles held]). While a process of the job is still handing memory
+// over to it, a run whose rest to create exceeds what the device has free would fail to create
+// it; the reload would then wait for the job's memory (Note [reload waits for peers]) and, on a
+// full device, send a held handle to the driver for room and create from it: a release and a
+// create where a few more of the handles still coming would have covered the run. So the run
+// waits for those instead, the runs mapped before it copying meanwhile, and tries again as each
+// arrives, growing to what is held. It waits only while the bytes still coming could make up
+// what the device lacks, at most TAGMEM_HANDOFF_WAIT_MS in all, and otherwise goes on as without
+// it. Like a reload waiting for memory, it holds no copy mark meanwhile: a giver whose offload
+// returned early holds its copies back while a mark is held (Note [copies give way]), and its
+// handles come only as its copies end.
+bool pipeline::await_handles(const in_run& r) noexcept {
+  const bool wait = should_await(r);
+  if (wait != awaiting_) {
+    awaiting_ = wait;
+    trace::counter("handle_wait", wait ? 1 : 0);
+    if (wait) mark_.set(false);  // else taken again as the run maps (mark_if_in_hand)
+  }
+  return wait;
+}
+
+bool pipeline::should_await(const in_run& r) noexcept {
+  peer_memory* peers = dev_.peers();
+  if (waiting_ || peers->still_coming() == 0) return false;
+  const std::size_t create = r.size - std::min(r.size, peers->held().would_take(r.size));
+  if (create == 0) return false;
+  std::size_t free = 0, total = 0;
+  try {
+    dev_.memory_info(&free, &total);
+  } catch (...) {  // unknown: the create will tell
+    return false;
+  }
+  // Waiting is worth it only if what is still coming could make up the difference.
+  if (create <= free || peers->still_coming() < create - free) return false;
+  const auto now = std::chrono::steady_clock::now();
+  if (!await_started_) {
+    await_started_ = true;
+    await_until_ = now + std::chrono::milliseconds(cfg_.handoff_wait_ms);
+  }
+  return now < await_until_;
 }
 
 // ---- the loop -----------------------------------------------------------------------------
@@ -714,6 +771,11 @@ void pipeline::run(tag* const* outs, std::size_t out_count, tag* const* ins, std
       if (!progress) {
         if (short_) {  // Note [reload waits for peers]
           wait_for_peers_step();
+          continue;
+        }
+        if (awaiting_) {  // Note [handles before creates]
+          pump_until_arrival(std::min(
+              std::chrono::steady_clock::now() + std::chrono::milliseconds(2), await_until_));
           continue;
         }
         if (!out_left()) break;  // the in side stopped on a failure
