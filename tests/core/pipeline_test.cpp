@@ -11,7 +11,7 @@
 #include <thread>
 
 #include "test_support.hpp"
-#include "trace_copies.hpp"
+#include "trace_events.hpp"
 
 namespace tagmem::test {
 namespace {

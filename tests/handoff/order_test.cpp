@@ -13,7 +13,7 @@
 
 #include "harness.hpp"
 #include "test_support.hpp"
-#include "trace_copies.hpp"
+#include "trace_events.hpp"
 
 namespace tagmem::handoff_test {
 namespace {

@@ -7,52 +7,25 @@
 #include <unistd.h>
 
 #include <cstdio>
-#include <fstream>
-#include <iterator>
+#include <numeric>
 #include <random>
-#include <regex>
 #include <string>
 #include <vector>
 
 #include "harness.hpp"
 #include "test_support.hpp"
+#include "trace_events.hpp"
 
 namespace tagmem::handoff_test {
 namespace {
 
+using test::event_bytes;
 using test::scoped_env;
+using test::trace_text;
 
-std::string read_all(const std::string& path) {
-  std::ifstream in(path);
-  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-}
-
-// The bytes of every span `name` in `text`, in order.
-std::vector<std::uint64_t> span_bytes(const std::string& text, const std::string& name) {
-  const std::regex span(R"re(\{"name":")re" + name +
-                        R"re(","cat":"tagmem","ph":"X",[^{]*"args":\{"bytes":([0-9]+)\})re");
-  std::vector<std::uint64_t> out;
-  for (std::sregex_iterator it(text.begin(), text.end(), span), end; it != end; ++it) {
-    out.push_back(std::stoull((*it)[1]));
-  }
-  return out;
-}
-
-// The values the counter `name` took in `text`, in order.
-std::vector<std::uint64_t> counter_values(const std::string& text, const std::string& name) {
-  const std::regex counter(R"re(\{"name":")re" + name +
-                           R"re(","ph":"C",[^{]*"args":\{"bytes":([0-9]+)\})re");
-  std::vector<std::uint64_t> out;
-  for (std::sregex_iterator it(text.begin(), text.end(), counter), end; it != end; ++it) {
-    out.push_back(std::stoull((*it)[1]));
-  }
-  return out;
-}
-
+// The sum of `v`.
 std::uint64_t sum(const std::vector<std::uint64_t>& v) {
-  std::uint64_t s = 0;
-  for (std::uint64_t x : v) s += x;
-  return s;
+  return std::accumulate(v.begin(), v.end(), std::uint64_t{0});
 }
 
 class HandoffTrace : public shared_device_test {};
@@ -85,15 +58,15 @@ TEST_F(HandoffTrace, GiverAndTakerTraceEachHandleAndTheTakerItsCopyMark) {
   ::closedir(d);
   ASSERT_FALSE(theirs.empty()) << "the giver wrote no trace in " << dir;
 
-  const std::string taker = read_all(mine), giver = read_all(theirs);
-  const std::vector<std::uint64_t> taken = span_bytes(taker, "take");
+  const std::string taker = trace_text(mine), giver = trace_text(theirs);
+  const std::vector<std::uint64_t> taken = event_bytes(taker, "take", false);
   EXPECT_FALSE(taken.empty()) << mine;
   EXPECT_EQ(sum(taken), 2 * kPiece) << "the taker's take spans";
-  EXPECT_EQ(sum(span_bytes(giver, "give")), 2 * kPiece) << "the giver's give spans";
-  EXPECT_EQ(sum(span_bytes(giver, "given")), 2 * kPiece) << "the giver's given spans";
-  EXPECT_TRUE(span_bytes(taker, "give").empty()) << "the taker gave nothing";
+  EXPECT_EQ(sum(event_bytes(giver, "give", false)), 2 * kPiece) << "the giver's give spans";
+  EXPECT_EQ(sum(event_bytes(giver, "given", false)), 2 * kPiece) << "the giver's given spans";
+  EXPECT_TRUE(event_bytes(taker, "give", false).empty()) << "the taker gave nothing";
   // The reload marked once and let the mark go when its copies ended.
-  EXPECT_EQ(counter_values(taker, "copy_mark"), (std::vector<std::uint64_t>{1, 0}));
+  EXPECT_EQ(event_bytes(taker, "copy_mark", true), (std::vector<std::uint64_t>{1, 0}));
   std::remove(mine.c_str());
   std::remove(theirs.c_str());
   ::rmdir(dir.c_str());
