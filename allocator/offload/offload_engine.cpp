@@ -46,6 +46,7 @@
 #include <algorithm>
 #include <chrono>
 #include <exception>
+#include <optional>
 #include <thread>
 
 #include "driver/driver.hpp"
@@ -170,8 +171,7 @@ class pipeline {
   // Note [handles before creates]: the next run waits for handles still coming from the job
   // rather than create more than the device has free; until await_until_ at most.
   bool awaiting_ = false;
-  bool await_started_ = false;
-  std::chrono::steady_clock::time_point await_until_;
+  std::optional<std::chrono::steady_clock::time_point> await_until_;  // set by its first wait
   bool await_handles(const in_run& r) noexcept;
   bool should_await(const in_run& r) noexcept;
   // Pumps the copies waiting for a lane until `until` or a handle's arrival.
@@ -670,7 +670,9 @@ bool pipeline::await_handles(const in_run& r) noexcept {
 
 bool pipeline::should_await(const in_run& r) noexcept {
   peer_memory* peers = dev_.peers();
-  if (waiting_ || peers->still_coming() == 0) return false;
+  if (waiting_) return false;
+  const std::uint64_t coming = peers->still_coming();
+  if (coming == 0) return false;
   const std::size_t create = r.size - std::min(r.size, peers->held().would_take(r.size));
   if (create == 0) return false;
   std::size_t free = 0, total = 0;
@@ -680,13 +682,10 @@ bool pipeline::should_await(const in_run& r) noexcept {
     return false;
   }
   // Waiting is worth it only if what is still coming could make up the difference.
-  if (create <= free || peers->still_coming() < create - free) return false;
+  if (create <= free || coming < create - free) return false;
   const auto now = std::chrono::steady_clock::now();
-  if (!await_started_) {
-    await_started_ = true;
-    await_until_ = now + std::chrono::milliseconds(cfg_.handoff_wait_ms);
-  }
-  return now < await_until_;
+  if (!await_until_) await_until_ = now + std::chrono::milliseconds(cfg_.handoff_wait_ms);
+  return now < *await_until_;
 }
 
 // ---- the loop -----------------------------------------------------------------------------
@@ -775,7 +774,7 @@ void pipeline::run(tag* const* outs, std::size_t out_count, tag* const* ins, std
         }
         if (awaiting_) {  // Note [handles before creates]
           pump_until_arrival(std::min(
-              std::chrono::steady_clock::now() + std::chrono::milliseconds(2), await_until_));
+              std::chrono::steady_clock::now() + std::chrono::milliseconds(2), *await_until_));
           continue;
         }
         if (!out_left()) break;  // the in side stopped on a failure
