@@ -657,13 +657,19 @@ void pipeline::pump_until_arrival(std::chrono::steady_clock::time_point until) n
 // what the device lacks, at most TAGMEM_HANDOFF_WAIT_MS in all, and otherwise goes on as without
 // it. Like a reload waiting for memory, it holds no copy mark meanwhile: a giver whose offload
 // returned early holds its copies back while a mark is held (Note [copies give way]), and its
-// handles come only as its copies end.
+// handles come only as its copies end. It takes the mark again as soon as it stops waiting.
 bool pipeline::await_handles(const in_run& r) noexcept {
   const bool wait = should_await(r);
   if (wait != awaiting_) {
     awaiting_ = wait;
     trace::counter("handle_wait", wait ? 1 : 0);
-    if (wait) mark_.set(false);  // else taken again as the run maps (mark_if_in_hand)
+    // Marked again at once, not once the run maps: a giver's leftovers would go to the driver
+    // beside this reload's copies while the run creates what the handles do not cover.
+    if (wait) {
+      mark_.set(false);
+    } else {
+      mark_if_in_hand();
+    }
   }
   return wait;
 }
