@@ -45,8 +45,29 @@ void release_queue::work() noexcept {
   for (;;) {
     changed_.wait(lock, [&] { return stop_ || (!queued_.empty() && holds_ == 0); });
     if (queued_.empty()) return;  // stop_ and nothing left
-    wait_while_copies_run(lock, true);
+    const bool gave_up = wait_while_copies_run(lock, true);
     if (queued_.empty() || holds_ != 0) continue;  // drained, or held again, meanwhile
+    // Note [releases wait for copies]: a handle at a time while the gate is asked.
+    if (gate_ && !gave_up && queued_.size() > 1) {
+      const item one = queued_.back();
+      queued_.pop_back();
+      in_flight_ = 1;
+      lock.unlock();
+      bool released = false;
+      {
+        trace::span span("release");
+        released = release_clock::release(one.handle, one.bytes) == CUDA_SUCCESS;
+      }
+      lock.lock();
+      if (released) {
+        pending_bytes_ -= one.bytes;
+      } else {
+        failed_.push_back(one);  // within what push() reserved
+      }
+      in_flight_ = 0;
+      changed_.notify_all();
+      continue;
+    }
     batch.swap(queued_);
     in_flight_ = batch.size();
     lock.unlock();
@@ -60,9 +81,9 @@ void release_queue::work() noexcept {
   }
 }
 
-void release_queue::wait_while_copies_run(std::unique_lock<std::mutex>& lock,
+bool release_queue::wait_while_copies_run(std::unique_lock<std::mutex>& lock,
                                           bool thread) noexcept {
-  if (!gate_ || (thread && stop_) || !gate_->copies_running()) return;
+  if (!gate_ || (thread && stop_) || !gate_->copies_running()) return false;
   trace::span span("release_wait");
   const auto until = std::chrono::steady_clock::now() + gate_bound_;
   do {
@@ -71,6 +92,7 @@ void release_queue::wait_while_copies_run(std::unique_lock<std::mutex>& lock,
         lock, std::min(until, std::chrono::steady_clock::now() + std::chrono::milliseconds(2)));
   } while (gate_ && std::chrono::steady_clock::now() < until &&
            !(thread && (stop_ || queued_.empty())) && gate_->copies_running());
+  return std::chrono::steady_clock::now() >= until;
 }
 
 std::size_t release_queue::release_all(meta_vector<item>& batch) noexcept {

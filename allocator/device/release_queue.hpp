@@ -21,11 +21,14 @@
 // instead.
 // Note [releases wait for copies]: with handoff, another process of the job on this GPU may be
 // copying a reload into memory this one handed over while this one's leftovers wait here, and a
-// release's aftermath would halve those copies (Note [release aftermath]). So the thread asks its
-// gate before each batch and waits, polling, while the gate says copies are running, at most the
-// gate's bound per batch. tagmem_wait_released waits as the thread does before it drains
-// (wait_for_copies); drain() alone does not ask: who drains on running out of memory needs the
-// memory now.
+// release's aftermath would halve those copies (Note [release aftermath]), for a time that grows
+// with the bytes released. So the thread asks its gate before each handle and waits, polling,
+// while the gate says copies are running, at most the gate's bound: a reload that marks while
+// leftovers go back (one short of memory takes its mark again once it has what it lacks) holds
+// back all but the handle in hand, and one that waits for memory gets it a handle at a time, not
+// all of it at once. Once a wait runs out the bound, the rest go in one batch. tagmem_wait_released
+// waits as the thread does before it drains (wait_for_copies); drain() alone does not ask: who
+// drains on running out of memory needs the memory now.
 #pragma once
 
 #include <cuda.h>
@@ -73,7 +76,7 @@ class release_queue {
   void unhold() noexcept;
   // Bytes queued or failed, not yet back with the driver.
   std::size_t pending_bytes() const noexcept;
-  // The thread asks `gate` (null: none) before each batch and waits at most `bound` for it; the
+  // The thread asks `gate` (null: none) before each handle and waits at most `bound` for it; the
   // gate is asked under this queue's lock, so that once this returns the old one is not in use.
   void set_gate(release_gate* gate, std::chrono::milliseconds bound) noexcept;
   // What the gate says now (false without one): a release here would slow running copies.
@@ -88,8 +91,9 @@ class release_queue {
   };
   void work() noexcept;
   // Waits while the gate says copies run, at most its bound (`lock` holds mutex_); the thread
-  // (`thread`) also stops waiting when asked to stop or when a drain took its batch.
-  void wait_while_copies_run(std::unique_lock<std::mutex>& lock, bool thread) noexcept;
+  // (`thread`) also stops waiting when asked to stop or when a drain took its batch. Returns
+  // whether the bound ran out.
+  bool wait_while_copies_run(std::unique_lock<std::mutex>& lock, bool thread) noexcept;
   static std::size_t release_all(meta_vector<item>& batch) noexcept;
 
   mutable std::mutex mutex_;

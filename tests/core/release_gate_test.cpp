@@ -1,4 +1,4 @@
-// release_gate_test.cpp — the release thread asks its gate before each batch and waits while the
+// release_gate_test.cpp — the release thread asks its gate before each handle and waits while the
 // gate says copies are running, at most the gate's bound; tagmem_wait_released waits alike before
 // it releases, a drain on running out of memory does not (Note [releases wait for copies] in
 // device/release_queue.hpp). Runs on both drivers:
@@ -23,11 +23,15 @@ class switch_gate final : public release_gate {
  public:
   std::atomic<bool> running{true};
   std::atomic<int> asked{0};
+  // From the ask after this many on (0: never), copies run whatever `running` says, until it is
+  // raised again.
+  std::atomic<int> start_after{0};
 
  private:
   bool do_copies_running() noexcept override {
-    ++asked;
-    return running.load();
+    const int n = ++asked;
+    const int start = start_after.load();
+    return running.load() || (start != 0 && n > start);
   }
 };
 
@@ -75,6 +79,27 @@ TEST_F(ReleaseGate, WaitEndsAtTheBound) {
       << "the bound did not end the wait";
   EXPECT_GE(std::chrono::steady_clock::now() - start, std::chrono::milliseconds(300))
       << "released before the bound while copies ran";
+}
+
+// Copies start after the thread's first ask, while four handles wait: the handle in hand goes, the
+// other three wait for the copies' end, as the leftovers of a giver wait for a reload that takes
+// its mark again while they go back.
+TEST_F(ReleaseGate, CopiesThatStartWhileHandlesGoHoldBackTheRest) {
+  gated g(std::chrono::seconds(60));
+  device& dev = g.dev;
+  switch_gate& gate = g.gate;
+  gate.running = false;
+  gate.start_after = 1;
+  dev.releases().hold();  // all four queued before the thread looks
+  std::size_t bytes = 0;
+  for (int i = 0; i < 4; ++i) bytes = push_one(dev);
+  dev.releases().unhold();
+  EXPECT_TRUE(eventually([&] { return gate.asked.load() >= 4; }));
+  EXPECT_EQ(dev.releases().pending_bytes(), 3 * bytes)
+      << "released other than the one handle in hand once copies started";
+  gate.start_after = 1 << 30;
+  EXPECT_TRUE(eventually([&] { return dev.releases().pending_bytes() == 0; }))
+      << "not released once the copies ended";
 }
 
 // tagmem_wait_released waits while copies run, then releases on the caller's thread.
