@@ -43,7 +43,7 @@
 
 namespace tagmem {
 
-// What the release thread asks before each batch (Note [releases wait for copies]).
+// What the release thread asks before each handle (Note [releases wait for copies]).
 class release_gate {
  public:
   // Whether a release now would slow copies that are running (polled every few ms).
