@@ -48,32 +48,23 @@ void release_queue::work() noexcept {
     const bool gave_up = wait_while_copies_run(lock, true);
     if (queued_.empty() || holds_ != 0) continue;  // drained, or held again, meanwhile
     // Note [releases wait for copies]: a handle at a time while the gate is asked.
-    if (gate_ && !gave_up && queued_.size() > 1) {
-      const item one = queued_.back();
+    item one{};
+    item* first = &one;
+    item* last = first + 1;
+    if (gate_ && !gave_up) {
+      one = queued_.back();
       queued_.pop_back();
-      in_flight_ = 1;
-      lock.unlock();
-      bool released = false;
-      {
-        trace::span span("release");
-        released = release_clock::release(one.handle, one.bytes) == CUDA_SUCCESS;
-      }
-      lock.lock();
-      if (released) {
-        pending_bytes_ -= one.bytes;
-      } else {
-        failed_.push_back(one);  // within what push() reserved
-      }
-      in_flight_ = 0;
-      changed_.notify_all();
-      continue;
+    } else {
+      batch.swap(queued_);
+      first = batch.data();
+      last = first + batch.size();
     }
-    batch.swap(queued_);
-    in_flight_ = batch.size();
+    in_flight_ = static_cast<std::size_t>(last - first);
     lock.unlock();
-    std::size_t released = release_all(batch);
+    std::size_t released = 0;
+    item* const failed_end = release_all(first, last, released);
     lock.lock();
-    failed_.insert(failed_.end(), batch.begin(), batch.end());  // within what push() reserved
+    failed_.insert(failed_.end(), first, failed_end);  // within what push() reserved
     pending_bytes_ -= released;
     batch.clear();
     in_flight_ = 0;
@@ -95,15 +86,14 @@ bool release_queue::wait_while_copies_run(std::unique_lock<std::mutex>& lock,
   return std::chrono::steady_clock::now() >= until;
 }
 
-std::size_t release_queue::release_all(meta_vector<item>& batch) noexcept {
+release_queue::item* release_queue::release_all(item* first, item* last,
+                                                std::size_t& released) noexcept {
   trace::span span("release");
-  std::size_t released = 0;
-  std::erase_if(batch, [&](const item& it) {  // keeps the failures
+  return std::remove_if(first, last, [&](const item& it) {  // the failures stay, at the front
     if (release_clock::release(it.handle, it.bytes) != CUDA_SUCCESS) return false;
     released += it.bytes;
     return true;
   });
-  return released;
 }
 
 CUresult release_queue::drain() noexcept {

@@ -94,7 +94,9 @@ class release_queue {
   // (`thread`) also stops waiting when asked to stop or when a drain took its batch. Returns
   // whether the bound ran out.
   bool wait_while_copies_run(std::unique_lock<std::mutex>& lock, bool thread) noexcept;
-  static std::size_t release_all(meta_vector<item>& batch) noexcept;
+  // Releases [first, last), adding the bytes released to `released`; the ones that failed are
+  // moved to the front, and the end of them is returned.
+  static item* release_all(item* first, item* last, std::size_t& released) noexcept;
 
   mutable std::mutex mutex_;
   std::condition_variable changed_;
