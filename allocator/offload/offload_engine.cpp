@@ -765,6 +765,9 @@ void pipeline::run(tag* const* outs, std::size_t out_count, tag* const* ins, std
       while (out_left() && unmap_next(pending_copies::give_up)) progress = true;
       while (in_open() && map_next()) {
         progress = true;
+        // Whatever ran short is mapped now: on the next try, made at once when a run before it
+        // had mapped in the same round, not only after a wait step.
+        short_ = false;
         mark_if_in_hand();
       }
       if (progress && waiting_ && !short_) {  // the run that waited is mapped

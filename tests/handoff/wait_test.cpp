@@ -95,6 +95,25 @@ TEST_F(HandoffWait, QueuedPiecesCopyWhileTheReloadWaits) {
   EXPECT_EQ(corrupted(w), 0u);
 }
 
+// The run that ran short maps on the very next try, made at once because a run before it had just
+// mapped (three runs of one mapping; the second's create fails once, as on a device that was full
+// for an instant): its wait ends there and is counted, rather than lasting, unseen, to the end of
+// the reload, whose copy mark it would keep away meanwhile (Note [copying in hand]).
+TEST_F(HandoffWait, ARunThatMapsOnTheNextTryEndsTheWait) {
+  ASSERT_EQ(init_with("TAGMEM_MAX_MAPPING_BYTES", "30MiB"), TAGMEM_SUCCESS) << tagmem_last_error();
+  std::mt19937_64 rng(seed_);
+  tag_data w = offloaded_backup("w", 3, kPiece, rng);
+  ASSERT_EQ(tagmem_wait_released(0), TAGMEM_SUCCESS);  // nothing pending: the create fails out
+  ASSERT_EQ(reliability::emu().fail_call("cuMemCreate", 2, CUDA_ERROR_OUT_OF_MEMORY), 0);
+  const char* w_tag = "w";
+  ASSERT_EQ(tagmem_reload(&w_tag, 1, 0), TAGMEM_SUCCESS) << tagmem_last_error();
+  reliability::emu().clear_faults();
+  EXPECT_EQ(corrupted(w), 0u);
+  const tagmem_handoff_stats s = handoff_stats();
+  EXPECT_EQ(s.reload_waits, 1u) << "the wait that the next try ended was never over";
+  EXPECT_EQ(s.reload_wait_timeouts, 0u);
+}
+
 // Nobody gives: OUT_OF_MEMORY once the wait is over, naming it; the tag keeps its backup and
 // reloads every byte once there is room.
 TEST_F(HandoffWait, ReloadWaitTimesOutWithBackupIntact) {
