@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Runs the two-process switch with the calls at once and TAGMEM_TRACE on (one file per process),
 then reads the traces with plots/switch_rates.py: every switch is found with both processes' calls
-overlapping in time (their traces share one clock), and each process copies back in as many bytes
-as it copied out.
+overlapping in time (their traces share one clock), each process copies back in as many bytes as
+it copied out, and each reload's copy mark is taken and let go within its switch.
 
   check_switch_rates.py BENCH_OFFLOAD [ARGS...]
 """
@@ -34,7 +34,8 @@ def main():
         subprocess.run(sys.argv[1:] + ["--scenarios=rl_two_process", "--rl-variants=overlap",
                                        "--rl-two-shapes=roomy", "--cycles=%d" % cycles],
                        check=True, stdout=subprocess.DEVNULL, env=env)
-        spans = switch_rates.load(glob.glob(os.path.join(tmp, "t-*.json")))
+        paths = glob.glob(os.path.join(tmp, "t-*.json"))
+        spans, counters = switch_rates.load(paths), switch_rates.load(paths, "C")
     found = switch_rates.switches(spans)
     assert len(found) == 2 * cycles, [(r["pid"], len(o)) for r, o in found]
     copied = {}  # (pid, direction) -> bytes, per switch
@@ -53,8 +54,15 @@ def main():
         ins, outs = copied[(pid, "H2D")], copied[(pid, "D2H")]
         assert all(abs(x - outs[0]) <= 1e-6 * outs[0] for x in ins + outs), (pid, ins, outs)
     text = io.StringIO()
-    switch_rates.report(spans, 20.0, 0.5, text)
+    switch_rates.report(spans, 20.0, 0.5, text, counters)
     assert text.getvalue().count("switch into") == 2 * cycles, text.getvalue()
+    # Each reload marks while it copies (handoff is on): its mark taken and let go in its switch.
+    for r, outs in found:
+        lo, hi = switch_rates.window(spans, r, outs)
+        marks = [v for _, pid, name, v in switch_rates.state_changes(counters, lo, hi)
+                 if pid == r["pid"] and name == "copy_mark"]
+        assert marks[:1] == [1] and marks[-1:] == [0], (r["pid"], marks)
+    assert text.getvalue().count(" copy_mark ") >= 4 * cycles, text.getvalue()
     print("check_switch_rates: OK: %d switches, %s" % (len(found), copied))
 
 

@@ -9,8 +9,9 @@ offloads since their own last reload: for each, the calls, then the copy rate of
 direction in bins of --bin-ms until the last of their copies (an offload that returned early copies
 after its call), in GB/s: a piece's bytes are spread over its span, which starts when the piece
 could start, so a piece that waited for the copy engine is spread over its wait; then the bytes
-each moved, and the host-side spans longer than --spans-ms. A process is named by its pid and the
-tags it copied. docs/observe.md describes the trace.
+each moved, and the host-side spans longer than --spans-ms, in time order with the changes of the
+reloads' waiting states (a copy mark held, waiting for memory or for handles, copies giving way). A
+process is named by its pid and the tags it copied. docs/observe.md describes the trace.
 """
 import argparse
 import collections
@@ -18,12 +19,24 @@ import json
 import sys
 
 
-def load(paths):
-    spans = []
+# Counters that say what a reload waits for or holds back (docs/observe.md): printed where they
+# change, since a release beside the copies or a wait shows in them first.
+STATES = ("copy_mark", "peer_wait", "handle_wait", "copies giving way")
+
+
+def load(paths, phase="X"):
+    """The events of phase `phase` of every file: "X" spans, "C" counters."""
+    events = []
     for path in paths:
         with open(path) as f:
-            spans += [e for e in json.load(f)["traceEvents"] if e.get("ph") == "X"]
-    return spans
+            events += [e for e in json.load(f)["traceEvents"] if e.get("ph") == phase]
+    return events
+
+
+def state_changes(counters, lo, hi):
+    """[(ts, pid, name, value)] of the STATES counters over [lo, hi), in time order."""
+    return sorted((e["ts"], e["pid"], e["name"], int(next(iter(e["args"].values()), 0)))
+                  for e in counters if e["name"] in STATES and lo <= e["ts"] < hi)
 
 
 def process_names(spans):
@@ -87,7 +100,7 @@ def window(spans, r, outs):
                            if e.get("cat") == "copy" and e["pid"] in pids and lo <= e["ts"] < hi])
 
 
-def report(spans, bin_ms, spans_ms, out):
+def report(spans, bin_ms, spans_ms, out, counters=()):
     names = process_names(spans)
     bin_us = bin_ms * 1e3
     for r, outs in switches(spans):
@@ -107,12 +120,15 @@ def report(spans, bin_ms, spans_ms, out):
             out.write("  %8.0f %s %6.1f\n" % (i * bin_ms, row, sum(vals)))
         for k in keys:
             out.write("  moved %d %s: %.3f GB\n" % (k[0], k[1], moved[k] / 1e9))
-        for e in sorted((e for e in spans if e.get("cat") != "copy" and
-                         e["name"] not in ("offload", "reload") and lo <= e["ts"] < hi and
-                         e["dur"] >= spans_ms * 1e3), key=lambda e: e["ts"]):
-            args = e.get("args") or {}
-            out.write("  span %d %-12s at %9.2f ms, %8.2f ms %s\n" % (
-                e["pid"], e["name"], (e["ts"] - lo) / 1e3, e["dur"] / 1e3, args.get("tag", "")))
+        lines = [(e["ts"], "  span %d %-12s at %9.2f ms, %8.2f ms %s\n" % (
+            e["pid"], e["name"], (e["ts"] - lo) / 1e3, e["dur"] / 1e3,
+            (e.get("args") or {}).get("tag", "")))
+            for e in spans if e.get("cat") != "copy" and e["name"] not in ("offload", "reload")
+            and lo <= e["ts"] < hi and e["dur"] >= spans_ms * 1e3]
+        lines += [(ts, "  state %d %-12s at %9.2f ms  -> %d\n" % (pid, name, (ts - lo) / 1e3, v))
+                  for ts, pid, name, v in state_changes(counters, lo, hi)]
+        for _, line in sorted(lines, key=lambda x: x[0]):
+            out.write(line)
 
 
 def main():
@@ -122,7 +138,7 @@ def main():
     p.add_argument("--bin-ms", type=float, default=20.0)
     p.add_argument("--spans-ms", type=float, default=0.5)
     a = p.parse_args()
-    report(load(a.traces), a.bin_ms, a.spans_ms, sys.stdout)
+    report(load(a.traces), a.bin_ms, a.spans_ms, sys.stdout, load(a.traces, "C"))
 
 
 if __name__ == "__main__":
