@@ -34,8 +34,7 @@ def main():
         subprocess.run(sys.argv[1:] + ["--scenarios=rl_two_process", "--rl-variants=overlap",
                                        "--rl-two-shapes=roomy", "--cycles=%d" % cycles],
                        check=True, stdout=subprocess.DEVNULL, env=env)
-        paths = glob.glob(os.path.join(tmp, "t-*.json"))
-        spans, counters = switch_rates.load(paths), switch_rates.load(paths, "C")
+        spans, counters = switch_rates.load(glob.glob(os.path.join(tmp, "t-*.json")))
     found = switch_rates.switches(spans)
     assert len(found) == 2 * cycles, [(r["pid"], len(o)) for r, o in found]
     copied = {}  # (pid, direction) -> bytes, per switch

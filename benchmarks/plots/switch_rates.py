@@ -24,13 +24,17 @@ import sys
 STATES = ("copy_mark", "peer_wait", "handle_wait", "copies giving way")
 
 
-def load(paths, phase="X"):
-    """The events of phase `phase` of every file: "X" spans, "C" counters."""
-    events = []
+def load(paths):
+    """(spans, counters): the "X" and "C" events of every file, each file read once."""
+    spans, counters = [], []
     for path in paths:
         with open(path) as f:
-            events += [e for e in json.load(f)["traceEvents"] if e.get("ph") == phase]
-    return events
+            for e in json.load(f)["traceEvents"]:
+                if e.get("ph") == "X":
+                    spans.append(e)
+                elif e.get("ph") == "C":
+                    counters.append(e)
+    return spans, counters
 
 
 def state_changes(counters, lo, hi):
@@ -138,7 +142,8 @@ def main():
     p.add_argument("--bin-ms", type=float, default=20.0)
     p.add_argument("--spans-ms", type=float, default=0.5)
     a = p.parse_args()
-    report(load(a.traces), a.bin_ms, a.spans_ms, sys.stdout, load(a.traces, "C"))
+    spans, counters = load(a.traces)
+    report(spans, a.bin_ms, a.spans_ms, sys.stdout, counters)
 
 
 if __name__ == "__main__":
