@@ -2,6 +2,7 @@
 #include "device/release_queue.hpp"
 
 #include <algorithm>
+#include <array>
 
 #include "base/error.hpp"
 #include "device/release_clock.hpp"
@@ -47,13 +48,19 @@ void release_queue::work() noexcept {
     if (queued_.empty()) return;  // stop_ and nothing left
     const bool gave_up = wait_while_copies_run(lock, true);
     if (queued_.empty() || holds_ != 0) continue;  // drained, or held again, meanwhile
-    // Note [releases wait for copies]: a handle at a time while the gate is asked.
-    item one{};
-    item* first = &one;
-    item* last = first + 1;
+    // Note [releases wait for copies]: bytes_per_ask at a time while the gate is asked (here,
+    // not in a vector: the thread allocates nothing).
+    std::array<item, handles_per_ask> hand{};
+    item* first = hand.data();
+    item* last = first;
     if (gate_ && !gave_up) {
-      one = queued_.back();
-      queued_.pop_back();
+      std::size_t bytes = 0;
+      while (!queued_.empty() && last != first + hand.size() &&
+             (last == first || bytes < bytes_per_ask)) {
+        bytes += queued_.back().bytes;
+        *last++ = queued_.back();
+        queued_.pop_back();
+      }
     } else {
       batch.swap(queued_);
       first = batch.data();

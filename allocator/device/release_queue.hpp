@@ -22,13 +22,15 @@
 // Note [releases wait for copies]: with handoff, another process of the job on this GPU may be
 // copying a reload into memory this one handed over while this one's leftovers wait here, and a
 // release's aftermath would halve those copies (Note [release aftermath]), for a time that grows
-// with the bytes released. So the thread asks its gate before each handle and waits, polling,
+// with the bytes released. So the thread asks its gate before each few handles and waits, polling,
 // while the gate says copies are running, at most the gate's bound: a reload that marks while
 // leftovers go back (one short of memory takes its mark again once it has what it lacks) holds
-// back all but the handle in hand, and one that waits for memory gets it a handle at a time, not
-// all of it at once. Once a wait runs out the bound, the rest go in one batch. tagmem_wait_released
-// waits as the thread does before it drains (wait_for_copies); drain() alone does not ask: who
-// drains on running out of memory needs the memory now.
+// back all but the handles in hand, and one that waits for memory gets it a few at a time, not
+// all of it at once. The handles in hand are one, or as many as make bytes_per_ask: an ask scans
+// the job's marks (a directory listing and a lock probe each), and a few MiB released beside
+// copies slow them little. Once a wait runs out the bound, the rest go in one batch.
+// tagmem_wait_released waits as the thread does before it drains (wait_for_copies); drain() alone
+// does not ask: who drains on running out of memory needs the memory now.
 #pragma once
 
 #include <cuda.h>
@@ -43,7 +45,7 @@
 
 namespace tagmem {
 
-// What the release thread asks before each handle (Note [releases wait for copies]).
+// What the release thread asks before each few handles (Note [releases wait for copies]).
 class release_gate {
  public:
   // Whether a release now would slow copies that are running (polled every few ms).
@@ -58,6 +60,11 @@ class release_gate {
 
 class release_queue {
  public:
+  // With a gate, the thread releases handles adding up to this many bytes after each ask (one
+  // handle at least, handles_per_ask at most).
+  static constexpr std::size_t bytes_per_ask = std::size_t{64} << 20;
+  static constexpr std::size_t handles_per_ask = 32;  // 64 MiB of the smallest granularity
+
   release_queue() = default;
   ~release_queue();  // drains (once more trying failed releases) and stops the thread
   release_queue(const release_queue&) = delete;
@@ -76,8 +83,8 @@ class release_queue {
   void unhold() noexcept;
   // Bytes queued or failed, not yet back with the driver.
   std::size_t pending_bytes() const noexcept;
-  // The thread asks `gate` (null: none) before each handle and waits at most `bound` for it; the
-  // gate is asked under this queue's lock, so that once this returns the old one is not in use.
+  // The thread asks `gate` (null: none) before each few handles and waits at most `bound` for it;
+  // the gate is asked under this queue's lock, so that once this returns the old one is not in use.
   void set_gate(release_gate* gate, std::chrono::milliseconds bound) noexcept;
   // What the gate says now (false without one): a release here would slow running copies.
   bool copies_running() noexcept;

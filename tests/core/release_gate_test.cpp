@@ -1,8 +1,9 @@
-// release_gate_test.cpp — the release thread asks its gate before each handle and waits while the
-// gate says copies are running, at most the gate's bound; tagmem_wait_released waits alike before
-// it releases, a drain on running out of memory does not (Note [releases wait for copies] in
+// release_gate_test.cpp — the release thread asks its gate before each few handles and waits while
+// the gate says copies are running, at most the gate's bound; tagmem_wait_released waits alike
+// before it releases, a drain on running out of memory does not (Note [releases wait for copies] in
 // device/release_queue.hpp). Runs on both drivers:
 // a real handle goes through the device's own queue.
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <thread>
@@ -47,14 +48,20 @@ struct gated {
   ~gated() { dev.releases().set_gate(nullptr, std::chrono::milliseconds(0)); }
 };
 
-// One handle of the device's granularity, created and pushed to its release queue.
-std::size_t push_one(device& dev) {
+// One handle of `granules` times the device's granularity, created and pushed to its release
+// queue; returns its bytes.
+std::size_t push_one(device& dev, std::size_t granules = 1) {
   context_guard guard(dev.context());
+  const std::size_t bytes = granules * dev.granularity();
   CUmemGenericAllocationHandle h = 0;
-  EXPECT_EQ(driver::api().cuMemCreate(&h, dev.granularity(), &dev.allocation_prop(), 0),
-            CUDA_SUCCESS);
-  dev.releases().push(h, dev.granularity());
-  return dev.granularity();
+  EXPECT_EQ(driver::api().cuMemCreate(&h, bytes, &dev.allocation_prop(), 0), CUDA_SUCCESS);
+  dev.releases().push(h, bytes);
+  return bytes;
+}
+
+// Granules in a handle of the bytes released after one ask.
+std::size_t granules_per_ask(const device& dev) {
+  return (release_queue::bytes_per_ask + dev.granularity() - 1) / dev.granularity();
 }
 
 TEST_F(ReleaseGate, QueuedMemoryWaitsWhileCopiesRunAndGoesWhenTheyEnd) {
@@ -81,9 +88,9 @@ TEST_F(ReleaseGate, WaitEndsAtTheBound) {
       << "released before the bound while copies ran";
 }
 
-// Copies start after the thread's first ask, while four handles wait: the handle in hand goes, the
-// other three wait for the copies' end, as the leftovers of a giver wait for a reload that takes
-// its mark again while they go back.
+// Copies start after the thread's first ask, while four handles of an ask's bytes wait: the handle
+// in hand goes, the other three wait for the copies' end, as the leftovers of a giver wait for a
+// reload that takes its mark again while they go back.
 TEST_F(ReleaseGate, CopiesThatStartWhileHandlesGoHoldBackTheRest) {
   gated g(std::chrono::seconds(60));
   device& dev = g.dev;
@@ -92,7 +99,7 @@ TEST_F(ReleaseGate, CopiesThatStartWhileHandlesGoHoldBackTheRest) {
   gate.start_after = 1;
   dev.releases().hold();  // all four queued before the thread looks
   std::size_t bytes = 0;
-  for (int i = 0; i < 4; ++i) bytes = push_one(dev);
+  for (int i = 0; i < 4; ++i) bytes = push_one(dev, granules_per_ask(dev));
   dev.releases().unhold();
   EXPECT_TRUE(eventually([&] { return gate.asked.load() >= 4; }));
   EXPECT_EQ(dev.releases().pending_bytes(), 3 * bytes)
@@ -100,6 +107,23 @@ TEST_F(ReleaseGate, CopiesThatStartWhileHandlesGoHoldBackTheRest) {
   gate.start_after = 1 << 30;
   EXPECT_TRUE(eventually([&] { return dev.releases().pending_bytes() == 0; }))
       << "not released once the copies ended";
+}
+
+// Small handles go an ask's bytes at a time, not an ask each: 40 of the smallest size take two
+// asks (32 at most per ask).
+TEST_F(ReleaseGate, SmallHandlesGoSeveralToAnAsk) {
+  gated g(std::chrono::seconds(60));
+  device& dev = g.dev;
+  switch_gate& gate = g.gate;
+  gate.running = false;
+  constexpr int count = 40;
+  dev.releases().hold();
+  for (int i = 0; i < count; ++i) push_one(dev);
+  dev.releases().unhold();
+  EXPECT_TRUE(eventually([&] { return dev.releases().pending_bytes() == 0; }));
+  const std::size_t per_ask = std::min(release_queue::handles_per_ask, granules_per_ask(dev));
+  EXPECT_EQ(gate.asked.load(), static_cast<int>((count + per_ask - 1) / per_ask))
+      << "asked other than once for each ask's bytes of small handles";
 }
 
 // tagmem_wait_released waits while copies run, then releases on the caller's thread.
