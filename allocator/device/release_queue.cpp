@@ -43,11 +43,23 @@ void release_queue::push(CUmemGenericAllocationHandle handle, std::size_t bytes)
 void release_queue::work() noexcept {
   std::unique_lock lock(mutex_);
   meta_vector<item> batch;
+  // Bytes of the run under way still to go (Note [background release]): until they are out, a
+  // hold does not stop the thread.
+  std::size_t run_left = 0;
   for (;;) {
-    changed_.wait(lock, [&] { return stop_ || (!queued_.empty() && holds_ == 0); });
+    changed_.wait(lock,
+                  [&] { return stop_ || (!queued_.empty() && (holds_ == 0 || run_left != 0)); });
     if (queued_.empty()) return;  // stop_ and nothing left
-    const bool gave_up = wait_while_copies_run(lock, true);
-    if (queued_.empty() || holds_ != 0) continue;  // drained, or held again, meanwhile
+    const gate_answer answer = wait_while_copies_run(lock, true);
+    if (answer != gate_answer::clear) run_left = 0;  // what comes after a wait starts a new run
+    if (queued_.empty() || (holds_ != 0 && run_left == 0)) {  // drained, or held, meanwhile
+      run_left = 0;
+      continue;
+    }
+    const bool gave_up = answer == gate_answer::bound;
+    if (run_left == 0) {
+      for (const item& it : queued_) run_left += it.bytes;
+    }
     // Note [releases wait for copies]: bytes_per_ask at a time while the gate is asked (here,
     // not in a vector: the thread allocates nothing).
     std::array<item, handles_per_ask> hand{};
@@ -67,6 +79,8 @@ void release_queue::work() noexcept {
       last = first + batch.size();
     }
     in_flight_ = static_cast<std::size_t>(last - first);
+    for (const item* it = first; it != last; ++it) run_left -= std::min(run_left, it->bytes);
+    if (queued_.empty()) run_left = 0;
     lock.unlock();
     std::size_t released = 0;
     item* const failed_end = release_all(first, last, released);
@@ -79,9 +93,9 @@ void release_queue::work() noexcept {
   }
 }
 
-bool release_queue::wait_while_copies_run(std::unique_lock<std::mutex>& lock,
-                                          bool thread) noexcept {
-  if (!gate_ || (thread && stop_) || !gate_->copies_running()) return false;
+release_queue::gate_answer release_queue::wait_while_copies_run(std::unique_lock<std::mutex>& lock,
+                                                                bool thread) noexcept {
+  if (!gate_ || (thread && stop_) || !gate_->copies_running()) return gate_answer::clear;
   trace::span span("release_wait");
   const auto until = std::chrono::steady_clock::now() + gate_bound_;
   do {
@@ -90,7 +104,7 @@ bool release_queue::wait_while_copies_run(std::unique_lock<std::mutex>& lock,
         lock, std::min(until, std::chrono::steady_clock::now() + std::chrono::milliseconds(2)));
   } while (gate_ && std::chrono::steady_clock::now() < until &&
            !(thread && (stop_ || queued_.empty())) && gate_->copies_running());
-  return std::chrono::steady_clock::now() >= until;
+  return std::chrono::steady_clock::now() >= until ? gate_answer::bound : gate_answer::ended;
 }
 
 release_queue::item* release_queue::release_all(item* first, item* last,

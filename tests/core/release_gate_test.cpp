@@ -126,6 +126,35 @@ TEST_F(ReleaseGate, SmallHandlesGoSeveralToAnAsk) {
       << "asked other than once for each ask's bytes of small handles";
 }
 
+// A hold that comes while the thread is releasing what was queued, between two asks, does not stop
+// it: the rest goes as one batch would have (Note [background release]). On the emulator, whose
+// held cuMemRelease puts the hold exactly there: the first slice's first release waits until the
+// queue is held.
+class EmulatorReleaseGate : public tagmem_test {};
+
+TEST_F(EmulatorReleaseGate, AHoldDoesNotStopReleasesUnderWay) {
+  gated g(std::chrono::seconds(60));
+  device& dev = g.dev;
+  switch_gate& gate = g.gate;
+  gate.running = false;
+  const int count = 3 * static_cast<int>(release_queue::handles_per_ask);  // three asks
+  dev.releases().hold();
+  for (int i = 0; i < count; ++i) push_one(dev);
+  emulator().hold_next_release();
+  dev.releases().unhold();
+  EXPECT_TRUE(eventually([&] { return gate.asked.load() >= 1; }));
+  dev.releases().hold();  // as the next offload of a pause would
+  emulator().release_held_release();
+  EXPECT_TRUE(eventually([&] { return dev.releases().pending_bytes() == 0; }))
+      << "a hold stopped releases under way: " << dev.releases().pending_bytes() << " bytes left";
+  // What is queued after the run does wait for the hold's end.
+  const std::size_t bytes = push_one(dev);
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  EXPECT_EQ(dev.releases().pending_bytes(), bytes) << "released while held";
+  dev.releases().unhold();
+  EXPECT_TRUE(eventually([&] { return dev.releases().pending_bytes() == 0; }));
+}
+
 // tagmem_wait_released waits while copies run, then releases on the caller's thread.
 TEST_F(ReleaseGate, WaitReleasedWaitsForRunningCopies) {
   gated g(std::chrono::hours(1));

@@ -44,6 +44,8 @@ emu_controls load_controls() {
   all &= find(h, "tagmem_emu_release_held_copy", c.release_held_copy);
   all &= find(h, "tagmem_emu_hold_next_map", c.hold_next_map);
   all &= find(h, "tagmem_emu_release_held_map", c.release_held_map);
+  all &= find(h, "tagmem_emu_hold_next_release", c.hold_next_release);
+  all &= find(h, "tagmem_emu_release_held_release", c.release_held_release);
   all &= find(h, "tagmem_emu_sticky_error", c.sticky_error);
   all &= find(h, "tagmem_emu_clear_sticky_error", c.clear_sticky_error);
   c.available = all;

@@ -40,6 +40,8 @@ struct emu_controls {
   decltype(&tagmem_emu_release_held_copy) release_held_copy = nullptr;
   decltype(&tagmem_emu_hold_next_map) hold_next_map = nullptr;
   decltype(&tagmem_emu_release_held_map) release_held_map = nullptr;
+  decltype(&tagmem_emu_hold_next_release) hold_next_release = nullptr;
+  decltype(&tagmem_emu_release_held_release) release_held_release = nullptr;
   decltype(&tagmem_emu_sticky_error) sticky_error = nullptr;
   decltype(&tagmem_emu_clear_sticky_error) clear_sticky_error = nullptr;
 

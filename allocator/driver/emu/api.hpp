@@ -10,7 +10,7 @@
 // Note [emu layers]: the emulator's files form layers; a file calls (and includes) only files of
 // the layers below it, so no two files depend on each other. From the bottom:
 //   1. state, faults, errors: the lock, devices, live-object counters, fault injection;
-//      test_hold: the one-shot holds of copies and maps that tests arm;
+//      test_hold: the one-shot holds of copies, maps and releases that tests arm;
 //      modules: loaded modules and the copy kernel they offer;
 //      address_space, physical: the device address space and cuMemCreate'd memory;
 //   2. contexts: primary contexts, the calling thread's current context, sticky errors;

@@ -92,6 +92,10 @@ TAGMEM_EMU_API void tagmem_emu_release_held_copy(void);
  * until tagmem_emu_release_held_map(); the call then maps as usual. */
 TAGMEM_EMU_API void tagmem_emu_hold_next_map(void);
 TAGMEM_EMU_API void tagmem_emu_release_held_map(void);
+/* Holds the next cuMemRelease of any thread of this process (a release thread in the middle of
+ * its queue) until tagmem_emu_release_held_release(); the call then releases as usual. */
+TAGMEM_EMU_API void tagmem_emu_hold_next_release(void);
+TAGMEM_EMU_API void tagmem_emu_release_held_release(void);
 
 /* The sticky error of a device's primary context (CUDA_SUCCESS when healthy): set when an
  * asynchronous operation faults, returned from then on by every call that uses the context,

@@ -6,7 +6,8 @@
 // against a device here: the exporting process already counts them, and on the real driver an
 // import in the same process does not add to the used bytes either (measured on an H200). With
 // TAGMEM_EMU_SHARED_DEVICES, processes count together (shared_ledger.hpp): an allocation counts
-// once, from its creation until no process holds it any more, whoever created it.
+// once, from its creation until no process holds it any more, whoever created it. For tests,
+// tagmem_emu_hold_next_release holds the next cuMemRelease until tagmem_emu_release_held_release.
 #include "physical.hpp"
 
 #include <fcntl.h>
@@ -20,9 +21,16 @@
 #include <string>
 
 #include "api.hpp"
+#include "test_hold.hpp"
 
 namespace tagmem::emu {
 namespace {
+
+// tagmem_emu_hold_next_release: the next cuMemRelease waits.
+test_hold& held_release() {
+  static test_hold h;
+  return h;
+}
 
 struct handle_table {
   std::map<CUmemGenericAllocationHandle, std::shared_ptr<physical>> allocations;
@@ -164,6 +172,7 @@ TAGMEM_EMU_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle* handle, siz
 
 TAGMEM_EMU_EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle) {
   TAGMEM_EMU_ENTRY(cuMemRelease);
+  if (held_release().take()) held_release().wait();
   lock held = take_lock();
   auto memory = find_handle(held, handle);
   if (!memory) return CUDA_ERROR_INVALID_VALUE;
@@ -235,3 +244,7 @@ TAGMEM_EMU_EXPORT CUresult cuMemImportFromShareableHandle(CUmemGenericAllocation
   *handle = track(held, std::move(memory));
   return CUDA_SUCCESS;
 }
+
+TAGMEM_EMU_EXPORT void tagmem_emu_hold_next_release(void) { held_release().arm(); }
+
+TAGMEM_EMU_EXPORT void tagmem_emu_release_held_release(void) { held_release().release(); }
