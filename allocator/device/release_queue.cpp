@@ -80,11 +80,11 @@ void release_queue::work() noexcept {
     }
     in_flight_ = static_cast<std::size_t>(last - first);
     for (const item* it = first; it != last; ++it) run_left -= std::min(run_left, it->bytes);
-    if (queued_.empty()) run_left = 0;
     lock.unlock();
     std::size_t released = 0;
     item* const failed_end = release_all(first, last, released);
     lock.lock();
+    if (queued_.empty()) run_left = 0;  // all out, or a drain took the rest meanwhile
     failed_.insert(failed_.end(), first, failed_end);  // within what push() reserved
     pending_bytes_ -= released;
     batch.clear();

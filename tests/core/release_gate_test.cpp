@@ -155,6 +155,32 @@ TEST_F(EmulatorReleaseGate, AHoldDoesNotStopReleasesUnderWay) {
   EXPECT_TRUE(eventually([&] { return dev.releases().pending_bytes() == 0; }));
 }
 
+// A drain that takes what a run had left ends the run: what is queued after it, while held, waits.
+TEST_F(EmulatorReleaseGate, ADrainEndsTheRunUnderWay) {
+  gated g(std::chrono::seconds(60));
+  device& dev = g.dev;
+  switch_gate& gate = g.gate;
+  gate.running = false;
+  const int count = 3 * static_cast<int>(release_queue::handles_per_ask);
+  dev.releases().hold();
+  for (int i = 0; i < count; ++i) push_one(dev);
+  emulator().hold_next_release();
+  dev.releases().unhold();
+  EXPECT_TRUE(eventually([&] { return gate.asked.load() >= 1; }));
+  dev.releases().hold();
+  // The drain takes the two slices left at once, then waits for the one in hand.
+  std::thread drainer([&] { EXPECT_EQ(dev.releases().drain(), CUDA_SUCCESS); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  emulator().release_held_release();
+  drainer.join();
+  EXPECT_EQ(dev.releases().pending_bytes(), 0u);
+  const std::size_t bytes = push_one(dev);
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  EXPECT_EQ(dev.releases().pending_bytes(), bytes) << "released while held, after a drain";
+  dev.releases().unhold();
+  EXPECT_TRUE(eventually([&] { return dev.releases().pending_bytes() == 0; }));
+}
+
 // tagmem_wait_released waits while copies run, then releases on the caller's thread.
 TEST_F(ReleaseGate, WaitReleasedWaitsForRunningCopies) {
   gated g(std::chrono::hours(1));
