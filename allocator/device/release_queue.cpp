@@ -52,20 +52,16 @@ void release_queue::work() noexcept {
     if (queued_.empty()) return;  // stop_ and nothing left
     const gate_answer answer = wait_while_copies_run(lock, true);
     if (answer != gate_answer::clear) run_left = 0;  // what comes after a wait starts a new run
-    if (queued_.empty() || (holds_ != 0 && run_left == 0)) {  // drained, or held, meanwhile
-      run_left = 0;
-      continue;
-    }
-    const bool gave_up = answer == gate_answer::bound;
-    if (run_left == 0) {
-      for (const item& it : queued_) run_left += it.bytes;
-    }
+    if (queued_.empty() || (holds_ != 0 && run_left == 0)) continue;  // drained, or held
     // Note [releases wait for copies]: bytes_per_ask at a time while the gate is asked (here,
     // not in a vector: the thread allocates nothing).
     std::array<item, handles_per_ask> hand{};
     item* first = hand.data();
     item* last = first;
-    if (gate_ && !gave_up) {
+    if (gate_ && answer != gate_answer::bound) {
+      if (run_left == 0) {  // a run starts: what is queued now
+        for (const item& it : queued_) run_left += it.bytes;
+      }
       std::size_t bytes = 0;
       while (!queued_.empty() && last != first + hand.size() &&
              (last == first || bytes < bytes_per_ask)) {
@@ -73,13 +69,13 @@ void release_queue::work() noexcept {
         *last++ = queued_.back();
         queued_.pop_back();
       }
+      run_left -= std::min(run_left, bytes);
     } else {
       batch.swap(queued_);
       first = batch.data();
       last = first + batch.size();
     }
     in_flight_ = static_cast<std::size_t>(last - first);
-    for (const item* it = first; it != last; ++it) run_left -= std::min(run_left, it->bytes);
     lock.unlock();
     std::size_t released = 0;
     item* const failed_end = release_all(first, last, released);

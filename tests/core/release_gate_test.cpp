@@ -132,34 +132,10 @@ TEST_F(ReleaseGate, SmallHandlesGoSeveralToAnAsk) {
 // queue is held.
 class EmulatorReleaseGate : public tagmem_test {};
 
-TEST_F(EmulatorReleaseGate, AHoldDoesNotStopReleasesUnderWay) {
-  gated g(std::chrono::seconds(60));
-  device& dev = g.dev;
-  switch_gate& gate = g.gate;
-  gate.running = false;
-  const int count = 3 * static_cast<int>(release_queue::handles_per_ask);  // three asks
-  dev.releases().hold();
-  for (int i = 0; i < count; ++i) push_one(dev);
-  emulator().hold_next_release();
-  dev.releases().unhold();
-  EXPECT_TRUE(eventually([&] { return gate.asked.load() >= 1; }));
-  dev.releases().hold();  // as the next offload of a pause would
-  emulator().release_held_release();
-  EXPECT_TRUE(eventually([&] { return dev.releases().pending_bytes() == 0; }))
-      << "a hold stopped releases under way: " << dev.releases().pending_bytes() << " bytes left";
-  // What is queued after the run does wait for the hold's end.
-  const std::size_t bytes = push_one(dev);
-  std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  EXPECT_EQ(dev.releases().pending_bytes(), bytes) << "released while held";
-  dev.releases().unhold();
-  EXPECT_TRUE(eventually([&] { return dev.releases().pending_bytes() == 0; }));
-}
-
-// A drain that takes what a run had left ends the run: what is queued after it, while held, waits.
-TEST_F(EmulatorReleaseGate, ADrainEndsTheRunUnderWay) {
-  gated g(std::chrono::seconds(60));
-  device& dev = g.dev;
-  switch_gate& gate = g.gate;
+// Queues three asks' worth of the smallest handles, lets the thread start on them with the first
+// release of its first slice held in the emulator, and holds the queue meanwhile, as the next
+// offload of a pause would. The caller lets the release go.
+void hold_queue_mid_run(device& dev, switch_gate& gate) {
   gate.running = false;
   const int count = 3 * static_cast<int>(release_queue::handles_per_ask);
   dev.releases().hold();
@@ -168,17 +144,39 @@ TEST_F(EmulatorReleaseGate, ADrainEndsTheRunUnderWay) {
   dev.releases().unhold();
   EXPECT_TRUE(eventually([&] { return gate.asked.load() >= 1; }));
   dev.releases().hold();
+}
+
+// A handle queued after the run, while the queue is held, waits for the hold's end.
+void expect_next_handle_waits_for_unhold(device& dev, const char* what) {
+  const std::size_t bytes = push_one(dev);
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  EXPECT_EQ(dev.releases().pending_bytes(), bytes) << what;
+  dev.releases().unhold();
+  EXPECT_TRUE(eventually([&] { return dev.releases().pending_bytes() == 0; }));
+}
+
+TEST_F(EmulatorReleaseGate, AHoldDoesNotStopReleasesUnderWay) {
+  gated g(std::chrono::seconds(60));
+  device& dev = g.dev;
+  hold_queue_mid_run(dev, g.gate);
+  emulator().release_held_release();
+  EXPECT_TRUE(eventually([&] { return dev.releases().pending_bytes() == 0; }))
+      << "a hold stopped releases under way: " << dev.releases().pending_bytes() << " bytes left";
+  expect_next_handle_waits_for_unhold(dev, "released while held");
+}
+
+// A drain that takes what a run had left ends the run: what is queued after it, while held, waits.
+TEST_F(EmulatorReleaseGate, ADrainEndsTheRunUnderWay) {
+  gated g(std::chrono::seconds(60));
+  device& dev = g.dev;
+  hold_queue_mid_run(dev, g.gate);
   // The drain takes the two slices left at once, then waits for the one in hand.
   std::thread drainer([&] { EXPECT_EQ(dev.releases().drain(), CUDA_SUCCESS); });
   std::this_thread::sleep_for(std::chrono::milliseconds(50));
   emulator().release_held_release();
   drainer.join();
   EXPECT_EQ(dev.releases().pending_bytes(), 0u);
-  const std::size_t bytes = push_one(dev);
-  std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  EXPECT_EQ(dev.releases().pending_bytes(), bytes) << "released while held, after a drain";
-  dev.releases().unhold();
-  EXPECT_TRUE(eventually([&] { return dev.releases().pending_bytes() == 0; }));
+  expect_next_handle_waits_for_unhold(dev, "released while held, after a drain");
 }
 
 // tagmem_wait_released waits while copies run, then releases on the caller's thread.
