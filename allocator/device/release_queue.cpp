@@ -23,10 +23,13 @@ release_queue::~release_queue() {
 
 void release_queue::push(CUmemGenericAllocationHandle handle, std::size_t bytes) {
   std::unique_lock lock(mutex_);
-  // Room for the record in both lists first, so that nothing can fail once it is queued (the
-  // thread moves failures into failed_ without allocating).
-  queued_.reserve(queued_.size() + 1);
-  failed_.reserve(failed_.size() + in_flight_ + queued_.size() + 1);
+  // Room for the record in every list it may reach first, so that nothing can fail once it is
+  // queued (unhold() moves later_ into queued_, the thread and drain() move records into failed_,
+  // none of them allocating).
+  const std::size_t records = queued_.size() + later_.size() + 1;
+  queued_.reserve(records);
+  later_.reserve(later_.size() + 1);
+  failed_.reserve(failed_.size() + in_flight_ + records);
   if (!thread_.joinable()) {
     try {
       thread_ = std::thread([this] { work(); });
@@ -34,7 +37,7 @@ void release_queue::push(CUmemGenericAllocationHandle handle, std::size_t bytes)
       fail(TAGMEM_ERROR_DRIVER, std::string("cannot start the release thread: ") + ex.what());
     }
   }
-  queued_.push_back({handle, bytes});
+  (holds_ == 0 ? queued_ : later_).push_back({handle, bytes});
   pending_bytes_ += bytes;
   lock.unlock();
   changed_.notify_all();
@@ -43,25 +46,18 @@ void release_queue::push(CUmemGenericAllocationHandle handle, std::size_t bytes)
 void release_queue::work() noexcept {
   std::unique_lock lock(mutex_);
   meta_vector<item> batch;
-  // Bytes of the run under way still to go (Note [background release]): until they are out, a
-  // hold does not stop the thread.
-  std::size_t run_left = 0;
   for (;;) {
-    changed_.wait(lock,
-                  [&] { return stop_ || (!queued_.empty() && (holds_ == 0 || run_left != 0)); });
+    // What a hold holds back is in later_, not here (Note [background release]).
+    changed_.wait(lock, [&] { return stop_ || !queued_.empty(); });
     if (queued_.empty()) return;  // stop_ and nothing left
-    const gate_answer answer = wait_while_copies_run(lock, true);
-    if (answer != gate_answer::clear) run_left = 0;  // what comes after a wait starts a new run
-    if (queued_.empty() || (holds_ != 0 && run_left == 0)) continue;  // drained, or held
+    const bool bound_ran_out = wait_while_copies_run(lock, true);
+    if (queued_.empty()) continue;  // a drain took them
     // Note [releases wait for copies]: bytes_per_ask at a time while the gate is asked (here,
     // not in a vector: the thread allocates nothing).
     std::array<item, handles_per_ask> hand{};
     item* first = hand.data();
     item* last = first;
-    if (gate_ && answer != gate_answer::bound) {
-      if (run_left == 0) {  // a run starts: what is queued now
-        for (const item& it : queued_) run_left += it.bytes;
-      }
+    if (gate_ && !bound_ran_out) {
       std::size_t bytes = 0;
       while (!queued_.empty() && last != first + hand.size() &&
              (last == first || bytes < bytes_per_ask)) {
@@ -69,7 +65,6 @@ void release_queue::work() noexcept {
         *last++ = queued_.back();
         queued_.pop_back();
       }
-      run_left -= std::min(run_left, bytes);
     } else {
       batch.swap(queued_);
       first = batch.data();
@@ -80,7 +75,6 @@ void release_queue::work() noexcept {
     std::size_t released = 0;
     item* const failed_end = release_all(first, last, released);
     lock.lock();
-    if (queued_.empty()) run_left = 0;  // all out, or a drain took the rest meanwhile
     failed_.insert(failed_.end(), first, failed_end);  // within what push() reserved
     pending_bytes_ -= released;
     batch.clear();
@@ -89,9 +83,9 @@ void release_queue::work() noexcept {
   }
 }
 
-release_queue::gate_answer release_queue::wait_while_copies_run(std::unique_lock<std::mutex>& lock,
-                                                                bool thread) noexcept {
-  if (!gate_ || (thread && stop_) || !gate_->copies_running()) return gate_answer::clear;
+bool release_queue::wait_while_copies_run(std::unique_lock<std::mutex>& lock,
+                                          bool thread) noexcept {
+  if (!gate_ || (thread && stop_) || !gate_->copies_running()) return false;
   trace::span span("release_wait");
   const auto until = std::chrono::steady_clock::now() + gate_bound_;
   do {
@@ -100,7 +94,7 @@ release_queue::gate_answer release_queue::wait_while_copies_run(std::unique_lock
         lock, std::min(until, std::chrono::steady_clock::now() + std::chrono::milliseconds(2)));
   } while (gate_ && std::chrono::steady_clock::now() < until &&
            !(thread && (stop_ || queued_.empty())) && gate_->copies_running());
-  return std::chrono::steady_clock::now() >= until ? gate_answer::bound : gate_answer::ended;
+  return std::chrono::steady_clock::now() >= until;
 }
 
 release_queue::item* release_queue::release_all(item* first, item* last,
@@ -115,9 +109,11 @@ release_queue::item* release_queue::release_all(item* first, item* last,
 
 CUresult release_queue::drain() noexcept {
   std::unique_lock lock(mutex_);
-  // What is queued is released here rather than waited for (the thread may be held).
+  // What is queued is released here rather than waited for (it may be held back).
   failed_.insert(failed_.end(), queued_.begin(), queued_.end());  // within push()'s reserve
+  failed_.insert(failed_.end(), later_.begin(), later_.end());
   queued_.clear();
+  later_.clear();
   changed_.wait(lock, [&] { return in_flight_ == 0; });
   CUresult first = CUDA_SUCCESS;
   std::erase_if(failed_, [&](const item& it) {
@@ -142,7 +138,10 @@ void release_queue::hold() noexcept {
 void release_queue::unhold() noexcept {
   {
     std::lock_guard lock(mutex_);
-    --holds_;
+    if (--holds_ == 0) {  // what the holds held back joins the queue
+      queued_.insert(queued_.end(), later_.begin(), later_.end());  // within push()'s reserve
+      later_.clear();
+    }
   }
   changed_.notify_all();
 }

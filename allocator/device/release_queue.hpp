@@ -11,10 +11,10 @@
 //  - other code (another process, cudaMalloc) can be made to wait with tagmem_wait_released();
 //    the torch_memory_saver and vLLM compat layers do so, and tagmem_device_stats reports the
 //    bytes still pending.
-// The thread is held back while an offload is still unmapping (hold()): a release running in the
-// driver slows the unmaps next to it, so they go first and the releases after. A hold stops no
-// release under way: the thread goes on until the bytes queued when it started are out (see
-// Note [releases wait for copies] for why it releases them a few at a time).
+// While an offload is still unmapping (hold()), the handles it queues wait: a release running in
+// the driver slows the unmaps next to it, so they go first and the releases after. A hold holds
+// back only what is queued after it: the handles already queued go on (see Note [releases wait
+// for copies] for why a few at a time, and for why they must not wait).
 // A swap's out-side goes the same way: a release running while both directions copy slows the
 // copies (docs/performance.md, "Swap").
 // A handle whose release fails stays in the queue and is tried again by the next drain (and at
@@ -30,11 +30,11 @@
 // back all but the handles in hand, and one that waits for memory gets it a few at a time, not
 // all of it at once. The handles in hand are one, or as many as make bytes_per_ask: an ask scans
 // the job's marks (a directory listing and a lock probe each), and a few MiB released beside
-// copies slow them little. Once a wait runs out the bound, the rest go in one batch. A hold that
-// comes between two asks does not stop the thread, as it would not stop one batch: a pause's
-// leftovers, queued as its first tag goes and held back while its next one unmaps, would
-// otherwise go only at its end, just before the other side's reload, whose copies their release
-// would slow (Note [release aftermath]; docs/handoff.md, Limits).
+// copies slow them little. Once a wait runs out the bound, the rest go in one batch. The next
+// offload's hold does not stop them, as it would not stop one batch: a pause's leftovers, queued
+// as its first tag goes, would otherwise wait while its next one unmaps and go only at its end,
+// just before the other side's reload, whose copies their release would slow (Note [release
+// aftermath]; docs/handoff.md, Limits).
 // tagmem_wait_released waits as the thread does before it drains (wait_for_copies); drain() alone
 // does not ask: who drains on running out of memory needs the memory now.
 #pragma once
@@ -84,7 +84,8 @@ class release_queue {
   // the failed ones again (each handle at most twice here). Returns the first error
   // (CUDA_SUCCESS when nothing is pending); handles that failed stay queued.
   CUresult drain() noexcept;
-  // While held (calls nest), the thread starts no release; drain() still does.
+  // While held (calls nest), what is pushed waits until the last hold ends; what was queued before
+  // goes on. drain() releases both.
   void hold() noexcept;
   void unhold() noexcept;
   // Bytes queued or failed, not yet back with the driver.
@@ -103,12 +104,10 @@ class release_queue {
     std::size_t bytes;
   };
   void work() noexcept;
-  // What the gate said: no copies running (or no gate), copies that ended while the caller
-  // waited, or copies still running when the bound ran out.
-  enum class gate_answer { clear, ended, bound };
   // Waits while the gate says copies run, at most its bound (`lock` holds mutex_); the thread
-  // (`thread`) also stops waiting when asked to stop or when a drain took its batch.
-  gate_answer wait_while_copies_run(std::unique_lock<std::mutex>& lock, bool thread) noexcept;
+  // (`thread`) also stops waiting when asked to stop or when a drain took its batch. Returns
+  // whether the bound ran out with copies still running.
+  bool wait_while_copies_run(std::unique_lock<std::mutex>& lock, bool thread) noexcept;
   // Releases [first, last), adding the bytes released to `released`; the ones that failed are
   // moved to the front, and the end of them is returned.
   static item* release_all(item* first, item* last, std::size_t& released) noexcept;
@@ -116,6 +115,7 @@ class release_queue {
   mutable std::mutex mutex_;
   std::condition_variable changed_;
   meta_vector<item> queued_;  // waiting for the thread
+  meta_vector<item> later_;   // pushed while held: join queued_ when the last hold ends
   meta_vector<item> failed_;  // cuMemRelease failed (or drain() took them); released by drain()
   std::size_t pending_bytes_ = 0;
   std::size_t in_flight_ = 0;  // records the thread took out of queued_ and is releasing

@@ -126,10 +126,35 @@ TEST_F(ReleaseGate, SmallHandlesGoSeveralToAnAsk) {
       << "asked other than once for each ask's bytes of small handles";
 }
 
-// A hold that comes while the thread is releasing what was queued, between two asks, does not stop
-// it: the rest goes as one batch would have (Note [background release]). On the emulator, whose
-// held cuMemRelease puts the hold exactly there: the first slice's first release waits until the
-// queue is held.
+// A handle queued after a hold, while the queue is held, waits for the hold's end.
+void expect_next_handle_waits_for_unhold(device& dev, const char* what) {
+  const std::size_t bytes = push_one(dev);
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  EXPECT_EQ(dev.releases().pending_bytes(), bytes) << what;
+  dev.releases().unhold();
+  EXPECT_TRUE(eventually([&] { return dev.releases().pending_bytes() == 0; }));
+}
+
+// A hold holds back only what is queued after it (Note [background release]): a pause's leftovers,
+// queued by one offload, go while its next offload, holding the queue, unmaps. Here the next hold
+// comes before the thread can have taken any of them.
+TEST_F(ReleaseGate, AHoldHoldsBackOnlyWhatIsQueuedAfterIt) {
+  gated g(std::chrono::seconds(60));
+  device& dev = g.dev;
+  g.gate.running = false;
+  dev.releases().hold();
+  for (int i = 0; i < 3 * static_cast<int>(release_queue::handles_per_ask); ++i) push_one(dev);
+  dev.releases().unhold();
+  dev.releases().hold();
+  EXPECT_TRUE(eventually([&] { return dev.releases().pending_bytes() == 0; }))
+      << "a hold held back what was queued before it: " << dev.releases().pending_bytes()
+      << " bytes left";
+  expect_next_handle_waits_for_unhold(dev, "released while held");
+}
+
+// The same when the hold comes while the thread is releasing them, between two asks. On the
+// emulator, whose held cuMemRelease puts the hold exactly there: the first slice's first release
+// waits until the queue is held.
 class EmulatorReleaseGate : public tagmem_test {};
 
 // Queues three asks' worth of the smallest handles, lets the thread start on them with the first
@@ -146,15 +171,6 @@ void hold_queue_mid_run(device& dev, switch_gate& gate) {
   dev.releases().hold();
 }
 
-// A handle queued after the run, while the queue is held, waits for the hold's end.
-void expect_next_handle_waits_for_unhold(device& dev, const char* what) {
-  const std::size_t bytes = push_one(dev);
-  std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  EXPECT_EQ(dev.releases().pending_bytes(), bytes) << what;
-  dev.releases().unhold();
-  EXPECT_TRUE(eventually([&] { return dev.releases().pending_bytes() == 0; }));
-}
-
 TEST_F(EmulatorReleaseGate, AHoldDoesNotStopReleasesUnderWay) {
   gated g(std::chrono::seconds(60));
   device& dev = g.dev;
@@ -165,7 +181,7 @@ TEST_F(EmulatorReleaseGate, AHoldDoesNotStopReleasesUnderWay) {
   expect_next_handle_waits_for_unhold(dev, "released while held");
 }
 
-// A drain that takes what a run had left ends the run: what is queued after it, while held, waits.
+// A drain takes what the thread had left; what is queued after it, while held, still waits.
 TEST_F(EmulatorReleaseGate, ADrainEndsTheRunUnderWay) {
   gated g(std::chrono::seconds(60));
   device& dev = g.dev;
