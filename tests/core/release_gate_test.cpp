@@ -160,7 +160,7 @@ class EmulatorReleaseGate : public tagmem_test {};
 // Queues three asks' worth of the smallest handles, lets the thread start on them with the first
 // release of its first slice held in the emulator, and holds the queue meanwhile, as the next
 // offload of a pause would. The caller lets the release go.
-void hold_queue_mid_run(device& dev, switch_gate& gate) {
+void hold_queue_mid_release(device& dev, switch_gate& gate) {
   gate.running = false;
   const int count = 3 * static_cast<int>(release_queue::handles_per_ask);
   dev.releases().hold();
@@ -174,7 +174,7 @@ void hold_queue_mid_run(device& dev, switch_gate& gate) {
 TEST_F(EmulatorReleaseGate, AHoldDoesNotStopReleasesUnderWay) {
   gated g(std::chrono::seconds(60));
   device& dev = g.dev;
-  hold_queue_mid_run(dev, g.gate);
+  hold_queue_mid_release(dev, g.gate);
   emulator().release_held_release();
   EXPECT_TRUE(eventually([&] { return dev.releases().pending_bytes() == 0; }))
       << "a hold stopped releases under way: " << dev.releases().pending_bytes() << " bytes left";
@@ -182,10 +182,10 @@ TEST_F(EmulatorReleaseGate, AHoldDoesNotStopReleasesUnderWay) {
 }
 
 // A drain takes what the thread had left; what is queued after it, while held, still waits.
-TEST_F(EmulatorReleaseGate, ADrainEndsTheRunUnderWay) {
+TEST_F(EmulatorReleaseGate, ADrainTakesTheRestMidRelease) {
   gated g(std::chrono::seconds(60));
   device& dev = g.dev;
-  hold_queue_mid_run(dev, g.gate);
+  hold_queue_mid_release(dev, g.gate);
   // The drain takes the two slices left at once, then waits for the one in hand.
   std::thread drainer([&] { EXPECT_EQ(dev.releases().drain(), CUDA_SUCCESS); });
   std::this_thread::sleep_for(std::chrono::milliseconds(50));
@@ -193,6 +193,19 @@ TEST_F(EmulatorReleaseGate, ADrainEndsTheRunUnderWay) {
   drainer.join();
   EXPECT_EQ(dev.releases().pending_bytes(), 0u);
   expect_next_handle_waits_for_unhold(dev, "released while held, after a drain");
+}
+
+// What a hold holds back, a drain still releases: an offload that runs out of device memory while
+// its own pipeline holds the queue gets it.
+TEST_F(ReleaseGate, ADrainTakesWhatAHoldHoldsBack) {
+  runtime::hold h;
+  device& dev = h.dev(0);
+  dev.releases().hold();
+  push_one(dev);
+  push_one(dev);
+  EXPECT_EQ(dev.releases().drain(), CUDA_SUCCESS);
+  EXPECT_EQ(dev.releases().pending_bytes(), 0u) << "a drain left what the hold held back";
+  dev.releases().unhold();
 }
 
 // tagmem_wait_released waits while copies run, then releases on the caller's thread.
