@@ -42,6 +42,8 @@ nvidia-smi --query-gpu=name,memory.total,memory.used,driver_version --format=csv
 case $part in
   core)
     step core 240 "$build/tests/core/tagmem_core_tests" --gtest_filter=-Emulator*
+    step emulator_suites_fail 60 bash tests/core/emulator_suites_fail.sh \
+      "$build/tests/core/tagmem_core_tests"
     step demo 240 "$build/benchmarks/demo/tagmem_demo" --cycles 3
     step stress 420 bash tests/stress/gpu_run.sh "$build" "$out/stress"
     ;;

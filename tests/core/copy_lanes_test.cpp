@@ -24,8 +24,10 @@ constexpr std::size_t kDepth = copy_queue::engine_lane_depth;  // the held lane'
 class EmulatorCopyLanes : public tagmem_test {
  protected:
   void TearDown() override {
-    emulator().release_held_copy();
-    emulator().set_copy_bytes_per_second(0);
+    if (emulator().available) {  // else tagmem_test::SetUp failed the test
+      emulator().release_held_copy();
+      emulator().set_copy_bytes_per_second(0);
+    }
     tagmem_test::TearDown();
   }
 };

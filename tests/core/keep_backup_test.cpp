@@ -368,7 +368,7 @@ class EmulatorKeepBackup : public tagmem_test {
     tagmem_test::SetUp();
   }
   void TearDown() override {
-    emulator().clear_faults();
+    if (emulator().available) emulator().clear_faults();
     tagmem_test::TearDown();
   }
 };

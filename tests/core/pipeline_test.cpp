@@ -30,6 +30,7 @@ class EmulatorPipeline : public ::testing::Test {
     device_bytes_ = emulator().device_bytes(0);
   }
   void TearDown() override {
+    if (!emulator().available) return;  // SetUp failed the test
     emulator().clear_faults();
     emulator().set_copy_bytes_per_second(0);
     emulator().set_device_bytes(0, device_bytes_);

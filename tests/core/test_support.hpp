@@ -15,6 +15,7 @@
 #include <optional>
 #include <random>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "driver/driver.hpp"
@@ -40,6 +41,8 @@ namespace tagmem::test {
   } while (0)
 
 bool using_emulator();
+// Whether a suite of this name needs the emulator (Emulator*, and parameterized P/Emulator*).
+bool emulator_suite(std::string_view suite);
 
 // A generator seeded from the test's name and a per-run seed printed once (TAGMEM_TEST_SEED
 // overrides it) so a failure can be replayed.
