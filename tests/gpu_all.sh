@@ -3,7 +3,8 @@
 # (carried as .carry), writing logs under /tmp/gpu-out/PART and, when $OUT is set, a tarball of
 # them into $OUT.
 #
-#   bash tests/gpu_all.sh core     core suite on the real driver, the demo, reliability (1 GPU)
+#   bash tests/gpu_all.sh core     core suite on the real driver (its Emulator* suites failing
+#                                  each test, not crashing), the demo, reliability (1 GPU)
 #   bash tests/gpu_all.sh bench    benchmarks/gpu_run.sh (1 GPU)
 #   bash tests/gpu_all.sh torch    tests/torch/gpu_run.sh, single GPU
 #   bash tests/gpu_all.sh shim     tests/preload/gpu_run.sh --one-gpu (1 GPU)
