@@ -347,7 +347,7 @@ def main(argv=None):
     for name, given, known in (("method", methods, METHODS), ("shape", shapes, SHAPES)):
         if not set(given) <= set(known):
             ap.error(f"--{name}: one of {', '.join(known)} expected, not {','.join(given)}")
-    rows, results, failed = [], [], False
+    rows, failed = [], False
     for shape in shapes:
         for m in methods:
             if m == "tms_retain" and importlib.util.find_spec("torch_memory_saver") is None:
@@ -361,11 +361,11 @@ def main(argv=None):
                 rows.append(f"| {m} | {shape} | ERROR: {e} | | | |")
                 failed = failed or m.startswith("tagmem")
                 continue
-            results.append(r)
             rows.append(r)  # its row once the run's link is known
     # Every pair measures the same link, and a link does not get faster than it is: a reading
     # below the others was disturbed, so the limits take each rate's fastest reading of the run
     # (each pair's own stays in the last column).
+    results = [r for r in rows if not isinstance(r, str)]
     link = tuple(max(r["link"][i] for r in results) for i in range(3)) if results else None
     rows = [r if isinstance(r, str) else row(r, link) for r in rows]
     print()
